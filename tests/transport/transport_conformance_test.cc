@@ -1,0 +1,329 @@
+// The transport conformance suite: every test runs on each UCX transport Genie supports
+// here (UCX_TLS=tcp and UCX_TLS=sm), as TensorPipe instantiates one suite per backend.
+#include <signal.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "genie/transport/registration_cache.h"
+#include "transport_test_util.h"
+
+namespace genie::transport::testing {
+namespace {
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string tls() const { return GetParam(); }
+};
+
+struct Pair {
+  explicit Pair(const std::string& tls) : server(tls, "server"), client(tls, "client") {
+    uint16_t port = server.listen();
+    auto connected = client.worker->connect("127.0.0.1", port);
+    EXPECT_TRUE(connected.isOk()) << connected.status().toString();
+    if (connected) to_server = connected.value();
+    to_client = server.waitAccepted();
+    EXPECT_NE(to_client, nullptr);
+  }
+  Node server;
+  Node client;
+  std::shared_ptr<Endpoint> to_server;
+  std::shared_ptr<Endpoint> to_client;
+};
+
+TEST_P(TransportTest, ConnectReportsTransportsAndDisconnects) {
+  Node server(tls(), "server");
+  uint16_t port = server.listen();
+  ASSERT_NE(port, 0);
+  for (int round = 0; round < 5; ++round) {
+    Node client(tls(), "client");
+    auto endpoint = client.worker->connect("127.0.0.1", port);
+    ASSERT_TRUE(endpoint.isOk()) << endpoint.status().toString();
+    EXPECT_TRUE((*endpoint)->isConnected());
+    std::string lanes = (*endpoint)->transports();
+    if (tls() == "tcp") {
+      EXPECT_NE(lanes.find("am=tcp/"), std::string::npos) << lanes;
+    } else {
+      // Shared memory carries the data; tcp is only the connection manager's.
+      EXPECT_EQ(lanes.find("am=tcp"), std::string::npos) << lanes;
+      EXPECT_NE(lanes.find("memory"), std::string::npos) << lanes;
+    }
+    (*endpoint)->close();
+    EXPECT_FALSE((*endpoint)->isConnected());
+  }
+  EXPECT_EQ(server.accepted.size(), 5u);
+}
+
+TEST_P(TransportTest, ConnectToAClosedPortFailsNamingThePeer) {
+  Node client(tls(), "client");
+  Node probe(tls(), "probe");
+  uint16_t port = probe.listen();
+  probe.listener.reset();  // nobody listens there any more
+  auto start = std::chrono::steady_clock::now();
+  auto endpoint = client.worker->connect("127.0.0.1", port);
+  ASSERT_FALSE(endpoint.isOk());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+  EXPECT_NE(endpoint.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << endpoint.status().toString();
+}
+
+TEST_P(TransportTest, SmallMessageRoundTrip) {
+  Pair pair(tls());
+  std::string payload = "tensor bytes";
+  ASSERT_TRUE(sendAndWait(*pair.to_server, bytesOf("header"), {payload.data(), payload.size()}).isOk());
+  auto message = pair.server.nextMessage();
+  ASSERT_TRUE(message.has_value());
+  EXPECT_EQ(textOf(message->header()), "header");
+  ASSERT_EQ(message->payloadSize(), payload.size());
+  std::string received(payload.size(), '\0');
+  ASSERT_TRUE(receiveAndWait(*message, {received.data(), received.size()}).isOk());
+  EXPECT_EQ(received, payload);
+  // Reply on the endpoint the message came from.
+  ASSERT_NE(message->endpoint(), nullptr);
+  ASSERT_TRUE(sendAndWait(*message->endpoint(), bytesOf("reply"), {}).isOk());
+  auto reply = pair.client.nextMessage();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(textOf(reply->header()), "reply");
+  EXPECT_EQ(reply->payloadSize(), 0u);
+}
+
+TEST_P(TransportTest, ManyMessagesArriveInOrder) {
+  Pair pair(tls());
+  constexpr int kCount = 2000;
+  std::vector<uint32_t> values(kCount);
+  std::iota(values.begin(), values.end(), 0);
+  auto sent = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < kCount; ++i) {
+    pair.to_server->send(bytesOf("n"), {&values[i], sizeof(uint32_t)}, [sent](Status s) {
+      EXPECT_TRUE(s.isOk()) << s.toString();
+      ++*sent;
+    });
+  }
+  for (int i = 0; i < kCount; ++i) {
+    auto message = pair.server.nextMessage();
+    ASSERT_TRUE(message.has_value()) << "message " << i;
+    uint32_t value = 0;
+    ASSERT_TRUE(receiveAndWait(*message, {&value, sizeof(value)}).isOk());
+    ASSERT_EQ(value, static_cast<uint32_t>(i));
+  }
+  EXPECT_TRUE(pair.client.worker->waitUntil([&] { return sent->load() == kCount; }, 10s));
+}
+
+TEST_P(TransportTest, RendezvousReceivesIntoTheReceiversBuffer) {
+  Pair pair(tls());
+  std::vector<uint8_t> payload(64 << 20);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 131 + 7);
+  auto sent = std::make_shared<Awaitable<Status>>();
+  pair.to_server->send(bytesOf("big"), {payload.data(), payload.size()}, [sent](Status s) { sent->set(s); });
+  auto message = pair.server.nextMessage();
+  ASSERT_TRUE(message.has_value());
+  ASSERT_EQ(message->payloadSize(), payload.size());
+  std::vector<uint8_t> received(payload.size());
+  ASSERT_TRUE(receiveAndWait(*message, {received.data(), received.size()}).isOk());
+  EXPECT_TRUE(received == payload);
+  auto status = sent->wait(10s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->isOk()) << status->toString();
+}
+
+TEST_P(TransportTest, OneGibTransferArrivesIntact) {
+  Pair pair(tls());
+  constexpr size_t kBytes = size_t{1} << 30;
+  std::unique_ptr<uint64_t[]> source(new uint64_t[kBytes / 8]);
+  for (size_t i = 0; i < kBytes / 8; ++i) source[i] = i * 0x9E3779B97F4A7C15ull;
+  const XXH64_hash_t sent_checksum = XXH3_64bits(source.get(), kBytes);
+  pair.to_server->send(bytesOf("1GiB"), {source.get(), kBytes}, [](Status s) { EXPECT_TRUE(s.isOk()) << s.toString(); });
+  auto message = pair.server.nextMessage(30s);
+  ASSERT_TRUE(message.has_value());
+  ASSERT_EQ(message->payloadSize(), kBytes);
+  std::unique_ptr<uint64_t[]> destination(new uint64_t[kBytes / 8]);
+  ASSERT_TRUE(receiveAndWait(*message, {destination.get(), kBytes}, 60s).isOk());
+  EXPECT_EQ(XXH3_64bits(destination.get(), kBytes), sent_checksum);
+}
+
+TEST_P(TransportTest, HeaderLargerThanUcxLimitTravelsInTheData) {
+  Pair pair(tls());
+  size_t limit = pair.client.worker->info().max_am_header;
+  ASSERT_GT(limit, 0u);
+  std::string header(limit * 4 + 3, 'h');
+  for (size_t i = 0; i < header.size(); ++i) header[i] = static_cast<char>('a' + i % 26);
+  std::string payload(100000, 'p');
+  ASSERT_TRUE(sendAndWait(*pair.to_server, bytesOf(header), {payload.data(), payload.size()}).isOk());
+  auto message = pair.server.nextMessage();
+  ASSERT_TRUE(message.has_value());
+  EXPECT_EQ(textOf(message->header()), header);
+  std::string received(message->payloadSize(), '\0');
+  ASSERT_TRUE(receiveAndWait(*message, {received.data(), received.size()}).isOk());
+  EXPECT_EQ(received, payload);
+}
+
+TEST_P(TransportTest, DroppedMessageReleasesItsPayloadAndTheSenderCompletes) {
+  Pair pair(tls());
+  std::vector<uint8_t> payload(8 << 20, 1);
+  auto sent = std::make_shared<Awaitable<Status>>();
+  pair.to_server->send(bytesOf("unwanted"), {payload.data(), payload.size()}, [sent](Status s) { sent->set(s); });
+  {
+    auto message = pair.server.nextMessage();
+    ASSERT_TRUE(message.has_value());
+  }  // dropped without receiving
+  auto status = sent->wait(10s);
+  ASSERT_TRUE(status.has_value()) << "sender hangs after the receiver dropped the message";
+  // The connection still works afterwards.
+  ASSERT_TRUE(sendAndWait(*pair.to_server, bytesOf("after"), {}).isOk());
+  auto next = pair.server.nextMessage();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(textOf(next->header()), "after");
+}
+
+TEST_P(TransportTest, ReceiveIntoAWrongSizedBufferIsRefused) {
+  Pair pair(tls());
+  std::string payload = "12345678";
+  ASSERT_TRUE(sendAndWait(*pair.to_server, bytesOf("h"), {payload.data(), payload.size()}).isOk());
+  auto message = pair.server.nextMessage();
+  ASSERT_TRUE(message.has_value());
+  char small[4];
+  Status status = receiveAndWait(*message, {small, sizeof(small)});
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("8 bytes"), std::string::npos) << status.toString();
+}
+
+TEST_P(TransportTest, RmaPutAndGetWithPackedRemoteKey) {
+  Pair pair(tls());
+  std::vector<uint8_t> remote(1 << 20, 0);
+  Result<MemoryRegion> region = GENIE_ERROR(kInternal, "not run");
+  std::atomic<bool> done{false};
+  pair.server.worker->post([&] {
+    region = pair.server.worker->registrationCache().registerMemory(remote.data(), remote.size(), MemoryType::kHost);
+    done = true;
+  });
+  ASSERT_TRUE(pair.server.worker->waitUntil([&] { return done.load(); }, 5s));
+  ASSERT_TRUE(region.isOk()) << region.status().toString();
+  auto packed = pair.server.worker->registrationCache().packRkey(*region);
+  ASSERT_TRUE(packed.isOk());
+  auto rkey = pair.to_server->unpackRkey(*packed);
+  ASSERT_TRUE(rkey.isOk()) << rkey.status().toString();
+
+  std::vector<uint8_t> local(remote.size());
+  for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<uint8_t>(i % 251);
+  auto put = std::make_shared<Awaitable<Status>>();
+  pair.to_server->put({local.data(), local.size()}, reinterpret_cast<uint64_t>(remote.data()), *rkey,
+                      [put](Status s) { put->set(s); });
+  auto put_status = put->wait(10s);
+  ASSERT_TRUE(put_status.has_value() && put_status->isOk());
+  auto flushed = std::make_shared<Awaitable<Status>>();
+  pair.to_server->flush([flushed](Status s) { flushed->set(s); });
+  ASSERT_TRUE(flushed->wait(10s).value_or(GENIE_ERROR(kTimeout, "flush")).isOk());
+  EXPECT_TRUE(remote == local);
+
+  std::vector<uint8_t> back(remote.size(), 0);
+  auto got = std::make_shared<Awaitable<Status>>();
+  pair.to_server->get({back.data(), back.size()}, reinterpret_cast<uint64_t>(remote.data()), *rkey,
+                      [got](Status s) { got->set(s); });
+  auto get_status = got->wait(10s);
+  ASSERT_TRUE(get_status.has_value() && get_status->isOk());
+  EXPECT_TRUE(back == local);
+  rkey->reset();
+}
+
+TEST_P(TransportTest, RegistrationCacheFindsContainingRegions) {
+  Node node(tls(), "rcache");
+  std::vector<uint8_t> buffer(1 << 16);
+  Result<MemoryRegion> region = GENIE_ERROR(kInternal, "not run");
+  node.worker->post([&] { region = node.worker->registrationCache().registerMemory(buffer.data(), buffer.size(), MemoryType::kHost); });
+  ASSERT_TRUE(node.worker->waitUntil([&] { return region.isOk(); }, 5s));
+  auto& cache = node.worker->registrationCache();
+  EXPECT_NE(cache.find(buffer.data() + 100, 1000), nullptr);
+  EXPECT_EQ(cache.find(buffer.data() + buffer.size() - 10, 20), nullptr);
+  // Registering a sub-range again does not call UCX again.
+  uint64_t before = cache.registrations();
+  node.worker->post([&] { (void)cache.registerMemory(buffer.data() + 64, 64, MemoryType::kHost); });
+  node.worker->waitUntil([] { return true; }, 1s);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(cache.registrations(), before);
+  std::atomic<bool> removed{false};
+  node.worker->post([&] {
+    EXPECT_TRUE(cache.deregisterMemory(buffer.data()).isOk());
+    EXPECT_EQ(cache.deregisterMemory(buffer.data()).code(), StatusCode::kNotFound);
+    removed = true;
+  });
+  ASSERT_TRUE(node.worker->waitUntil([&] { return removed.load(); }, 5s));
+}
+
+TEST_P(TransportTest, SenderGetsAnErrorWhenTheReceiverIsKilled) {
+  Node node(tls(), "sender");
+  uint16_t port = node.listen();
+  PeerProcess peer({"--connect", "127.0.0.1:" + std::to_string(port), "--tls", tls(), "--mode", "hold"});
+  auto hello = node.nextMessage(20s);
+  ASSERT_TRUE(hello.has_value());
+  auto to_peer = hello->endpoint();
+  // The peer holds the message without receiving: the rendezvous stays pending.
+  std::vector<uint8_t> payload(256 << 20, 3);
+  auto sent = std::make_shared<Awaitable<Status>>();
+  to_peer->send(bytesOf("pending"), {payload.data(), payload.size()}, [sent](Status s) { sent->set(s); });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(sent->wait(0ms).has_value()) << "the send completed although the peer never received";
+  auto killed_at = std::chrono::steady_clock::now();
+  peer.kill(SIGKILL);
+  auto status = sent->wait(2s);
+  ASSERT_TRUE(status.has_value()) << "pending send still hanging 2 s after the peer died";
+  EXPECT_LE(std::chrono::steady_clock::now() - killed_at, 2s);
+  EXPECT_FALSE(status->isOk());
+  EXPECT_EQ(status->code(), StatusCode::kPeerUnreachable) << status->toString();
+  EXPECT_NE(status->message().find(to_peer->peer()), std::string::npos) << status->toString();
+  EXPECT_FALSE(to_peer->isConnected());
+  // New operations fail at once, naming the peer.
+  EXPECT_EQ(sendAndWait(*to_peer, bytesOf("x"), {}, 2s).code(), StatusCode::kPeerUnreachable);
+}
+
+TEST_P(TransportTest, ReceiverGetsAnErrorWhenTheSenderIsKilledMidTransfer) {
+  Node node(tls(), "receiver");
+  uint16_t port = node.listen();
+  constexpr size_t kBytes = size_t{1} << 30;
+  PeerProcess peer({"--connect", "127.0.0.1:" + std::to_string(port), "--tls", tls(), "--mode", "send-large",
+                    "--bytes", std::to_string(kBytes)});
+  auto message = node.nextMessage(30s);
+  ASSERT_TRUE(message.has_value());
+  ASSERT_EQ(message->payloadSize(), kBytes);
+  std::unique_ptr<uint8_t[]> destination(new uint8_t[kBytes]);
+  auto received = std::make_shared<Awaitable<Status>>();
+  peer.kill(SIGKILL);  // dies while (or before) its bytes are pulled
+  auto killed_at = std::chrono::steady_clock::now();
+  message->receivePayload({destination.get(), kBytes}, [received](Status s) { received->set(s); });
+  auto status = received->wait(2s);
+  ASSERT_TRUE(status.has_value()) << "receive still hanging 2 s after the sender died";
+  EXPECT_LE(std::chrono::steady_clock::now() - killed_at, 2s);
+  EXPECT_EQ(status->code(), StatusCode::kPeerUnreachable) << status->toString();
+  auto error = node.nextError(2s);
+  ASSERT_TRUE(error.has_value()) << "no endpoint error within 2 s of the peer's death";
+  EXPECT_EQ(error->code(), StatusCode::kPeerUnreachable);
+}
+
+TEST_P(TransportTest, CloseIsBoundedWhenThePeerStopsAnswering) {
+  Node node(tls(), "closer");
+  uint16_t port = node.listen();
+  PeerProcess peer({"--connect", "127.0.0.1:" + std::to_string(port), "--tls", tls(), "--mode", "hold"});
+  auto hello = node.nextMessage(20s);
+  ASSERT_TRUE(hello.has_value());
+  auto to_peer = hello->endpoint();
+  std::vector<uint8_t> payload(64 << 20, 5);
+  auto sent = std::make_shared<Awaitable<Status>>();
+  to_peer->send(bytesOf("pending"), {payload.data(), payload.size()}, [sent](Status s) { sent->set(s); });
+  peer.kill(SIGSTOP);  // alive but silent: a flush can never finish
+  auto start = std::chrono::steady_clock::now();
+  to_peer->close();
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LE(took, node.worker->config().close_timeout + 500ms);
+  EXPECT_FALSE(to_peer->isConnected());
+  auto status = sent->wait(2s);
+  ASSERT_TRUE(status.has_value()) << "the pending send did not complete after close";
+  EXPECT_FALSE(status->isOk());
+  peer.kill(SIGKILL);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest, ::testing::Values("tcp", "sm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace genie::transport::testing

@@ -1,0 +1,55 @@
+// Configuration of the data plane: one table (name, default, help, type with units), read
+// from GENIE_* environment variables, printable with `genie-bench --print-config`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "genie/status.h"
+
+namespace genie::transport {
+
+struct WorkerConfig {
+  /// Name of the worker in logs and UCX traces.
+  std::string name = "genie";
+  /// UCX transports (UCX_TLS syntax, e.g. "tcp", "sm"). Empty: UCX's own choice, which
+  /// honours the UCX_TLS environment variable. "sm" alone gets "tcp" added, because the
+  /// sockaddr connection manager needs it to establish the connection; data then moves over
+  /// shared memory (see docs/configuration.md).
+  std::string tls;
+  /// UCX network devices (UCX_NET_DEVICES syntax, e.g. "lo", "eth0,mlx5_0:1"). Empty: all.
+  std::string net_devices;
+  /// A dead peer or a broken link fails every pending request within this bound (ms).
+  std::chrono::milliseconds peer_timeout{1000};
+  /// close(): how long a graceful flush may take before the endpoint is force-closed (ms).
+  std::chrono::milliseconds close_timeout{1000};
+  /// connect(): how long establishing a connection may take (ms).
+  std::chrono::milliseconds connect_timeout{5000};
+  /// Progress thread: keep polling this long after the last event before sleeping on the
+  /// worker's event fd (µs). 0 sleeps as soon as idle.
+  std::chrono::microseconds busy_poll{100};
+  /// Payloads at least this large use rendezvous (received straight into the receiver's
+  /// buffer). 0 keeps UCX's own choice ("auto").
+  size_t rndv_threshold = 0;
+
+  /// Defaults overridden by the GENIE_* environment variables of kConfigTable.
+  static Result<WorkerConfig> fromEnvironment();
+};
+
+/// One row of the configuration table.
+struct ConfigEntry {
+  const char* env;          // GENIE_UCX_TLS
+  const char* default_text; // as printed
+  const char* type;         // "string", "duration ms", "size bytes", ...
+  const char* help;
+};
+
+/// Every setting of the data plane, in the order printed.
+const std::vector<ConfigEntry>& configTable();
+
+/// The effective configuration as "NAME=value  # help" lines.
+std::string formatConfig(const WorkerConfig& config);
+
+}  // namespace genie::transport

@@ -1,0 +1,113 @@
+// Endpoint: one connection to a peer. Whoever holds the last shared_ptr keeps it open;
+// dropping it closes the connection gracefully (bounded by WorkerConfig::close_timeout).
+//
+// All operations are asynchronous, may be called from any thread, and complete through a
+// Callback on the worker's progress thread. Buffers handed to an operation must stay valid
+// until its callback ran.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "genie/status.h"
+#include "genie/transport/types.h"
+
+typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_rkey* ucp_rkey_h;
+
+namespace genie::transport {
+
+class Worker;
+
+/// Active-message ids on the wire.
+enum AmId : uint16_t {
+  kAmMessage = 0,      // header = FlatBuffer, data = payload
+  kAmLargeHeader = 1,  // header = uint64 header length, data = FlatBuffer then payload
+};
+
+/// Shared between an Endpoint and its Worker (progress thread), alive until the ucp endpoint
+/// is closed.
+struct EndpointState {
+  ucp_ep_h ep = nullptr;
+  std::string peer;                  // "127.0.0.1:13337"
+  std::weak_ptr<class Endpoint> owner;
+  Status error;                      // first error, set on the progress thread
+  std::atomic<bool> failed{false};
+  std::atomic<bool> closed{false};      // close started
+  std::atomic<bool> close_done{false};  // ucp endpoint released
+  bool close_started = false;           // ucp_ep_close_nbx called (progress thread only)
+  std::string transports;            // "am: tcp/lo; rma: tcp/lo" once connected
+};
+
+/// A peer's memory unpacked for RMA on one endpoint. Destroyed with the endpoint.
+class RemoteKey {
+ public:
+  RemoteKey(std::shared_ptr<Worker> worker, ucp_rkey_h rkey) : worker_(std::move(worker)), rkey_(rkey) {}
+  ~RemoteKey();
+  RemoteKey(const RemoteKey&) = delete;
+  RemoteKey& operator=(const RemoteKey&) = delete;
+  ucp_rkey_h ucpRkey() const { return rkey_; }
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  ucp_rkey_h rkey_;
+};
+
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
+ public:
+  Endpoint(std::shared_ptr<Worker> worker, std::shared_ptr<EndpointState> state);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  /// "host:port" of the peer, for logs and error messages.
+  const std::string& peer() const { return state_->peer; }
+  /// False once the peer failed or close() was called.
+  bool isConnected() const { return !state_->failed.load() && !state_->closed.load(); }
+  /// The error that ended the connection (OK while connected).
+  Status error() const;
+  /// UCX lanes chosen for this endpoint, e.g. "am=tcp/lo rma=tcp/lo" (after connect).
+  std::string transports() const;
+  Worker& worker() { return *worker_; }
+
+  /// Sends one message: `header` (copied; at most any size, headers over the worker's
+  /// max_am_header travel in the data) and `payload` (not copied; kept valid until `done`).
+  /// Payloads at or over the rendezvous threshold are pulled by the receiver into its
+  /// own buffer. Errors via `done`: kPeerUnreachable, kCancelled, kUnsupported (CUDA memory
+  /// without CUDA support in this build).
+  void send(std::span<const std::byte> header, ConstBuffer payload, Callback done);
+
+  /// RMA: writes `local` to the peer's [remote_address, +local.size) (registered there and
+  /// described by `rkey`). Completion means `local` may be reused; call flush() for remote
+  /// completion.
+  void put(ConstBuffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey,
+           Callback done);
+  /// RMA: reads the peer's [remote_address, +local.size) into `local`.
+  void get(Buffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey, Callback done);
+  /// Completes when every operation issued before it on this endpoint completed remotely.
+  void flush(Callback done);
+  /// Unpacks a packed rkey (RegistrationCache::packRkey on the peer) for this endpoint.
+  /// Blocking (posts to the progress thread). Errors: kInvalidArgument for a bad blob.
+  Result<std::shared_ptr<RemoteKey>> unpackRkey(std::span<const std::byte> packed);
+
+  /// Flushes (bounded by close_timeout), then closes; force-closes if the flush did not
+  /// finish in time. Idempotent; blocking unless called on the progress thread.
+  void close();
+
+  // internal (progress thread)
+  ucp_ep_h ucpEp() const { return state_->ep; }
+  const std::shared_ptr<EndpointState>& state() const { return state_; }
+  void sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback done);
+
+ private:
+  void closeFromProgressThread(bool force);
+  Status checkUsable() const;
+
+  std::shared_ptr<Worker> worker_;
+  std::shared_ptr<EndpointState> state_;
+};
+
+}  // namespace genie::transport

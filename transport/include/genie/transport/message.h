@@ -1,0 +1,73 @@
+// InboundMessage: one received active message, handed to the Worker's MessageHandler.
+//
+// The header (a FlatBuffer, verified by the caller before use) is owned by the message.
+// The payload stays with UCX until the receiver says where it goes: receivePayload() places
+// it in the receiver's buffer (rendezvous: UCX writes straight into it; eager: one copy).
+// A message may be moved to another thread and received from there. Dropping it without
+// receiving releases the payload.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "genie/transport/types.h"
+
+namespace genie::transport {
+
+class Endpoint;
+class Worker;
+
+class InboundMessage {
+ public:
+  InboundMessage() = default;
+  InboundMessage(InboundMessage&& other) noexcept;
+  InboundMessage& operator=(InboundMessage&& other) noexcept;
+  ~InboundMessage();
+
+  std::span<const std::byte> header() const { return {header_.data(), header_.size()}; }
+  /// Payload size in bytes (0 when the message has none).
+  size_t payloadSize() const { return payload_size_; }
+  /// True while the payload has not been received or released.
+  bool hasPendingPayload() const { return payload_.pending(); }
+  /// The endpoint it came on; reply through it. Null if it has closed meanwhile.
+  const std::shared_ptr<Endpoint>& endpoint() const { return endpoint_; }
+
+  /// Places the payload into `dst` (dst.size must equal payloadSize()). `done` runs on the
+  /// progress thread. Errors: kInvalidArgument (size), kPeerUnreachable (sender died during
+  /// a rendezvous), kUnsupported (CUDA destination without CUDA support).
+  void receivePayload(Buffer dst, Callback done);
+  /// Drops the payload (e.g. the header was invalid). Also done by the destructor.
+  void releasePayload();
+
+  // internal: built by the Worker's active-message callback (progress thread).
+  InboundMessage(std::shared_ptr<Worker> worker, std::shared_ptr<Endpoint> endpoint,
+                 std::span<const std::byte> header, void* payload_desc, size_t payload_size,
+                 bool payload_is_rndv);
+  /// An eager payload that UCX would not keep: copied into the message.
+  void adoptEagerCopy(std::vector<std::byte> bytes);
+
+ private:
+  /// The payload's UCX state, moved out of the message when it is handed over.
+  struct Payload {
+    void* desc = nullptr;
+    size_t size = 0;
+    bool rndv = false;
+    uint64_t generation = 0;  // of the active-message callback that delivered it
+    std::vector<std::byte> eager_copy;
+    bool pending() const { return desc != nullptr || !eager_copy.empty(); }
+  };
+  Payload takePayload();
+  static void receiveFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
+                                        Payload payload, Buffer dst, Callback done);
+  static void releaseFromProgressThread(Worker& worker, Payload payload);
+
+  std::shared_ptr<Worker> worker_;
+  std::shared_ptr<Endpoint> endpoint_;
+  std::vector<std::byte> header_;
+  Payload payload_;
+  size_t payload_size_ = 0;
+};
+
+}  // namespace genie::transport

@@ -1,0 +1,207 @@
+// Worker: one UCX context + worker, its progress thread, listeners and endpoints.
+//
+// The data plane of Genie (DESIGN.md "UCX is the data plane"). A Worker owns a ucp_context
+// and one ucp_worker that only ONE thread ever touches: the progress thread. That is either
+// a thread the Worker starts (startProgressThread(): it polls under load and sleeps on the
+// worker's event fd when idle) or, for benchmarks, the thread that created the Worker and
+// calls progress() itself. Every other thread hands work over with post(); all callbacks
+// (messages, completions, connects, errors) run on the progress thread and must not block.
+// See docs/thread_model.md.
+//
+// Messages are UCX active messages: the header is a FlatBuffer (opaque here), the data is the
+// payload, which the receiver places where it wants (rendezvous straight into its buffer for
+// large payloads). RMA put/get use memory registered once through the registration cache.
+//
+// Errors: endpoints use UCX's peer error handling; when a peer dies or the link breaks, every
+// pending request completes with kPeerUnreachable naming the peer, within
+// WorkerConfig::peer_timeout (keepalive), and nothing hangs.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "genie/status.h"
+#include "genie/transport/config.h"
+#include "genie/transport/types.h"
+
+// UCX handles, declared here so that users of this header need not include UCX.
+typedef struct ucp_context* ucp_context_h;
+typedef struct ucp_worker* ucp_worker_h;
+typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_listener* ucp_listener_h;
+typedef struct ucp_conn_request* ucp_conn_request_h;
+
+namespace genie::transport {
+
+class Endpoint;
+class InboundMessage;
+class Listener;
+class RegistrationCache;
+struct EndpointState;
+
+/// Called on the progress thread for every message that arrives on any endpoint.
+using MessageHandler = std::function<void(InboundMessage message)>;
+/// Called on the progress thread when a listener accepted a connection.
+using AcceptHandler = std::function<void(std::shared_ptr<Endpoint> endpoint)>;
+/// Called on the progress thread once when an endpoint fails (peer died, link broke).
+using EndpointErrorHandler = std::function<void(std::shared_ptr<Endpoint> endpoint, Status)>;
+
+/// What UCX can do in this process.
+struct WorkerInfo {
+  std::string ucx_version;         // "1.13.1"
+  bool cuda_memory = false;        // UCX handles CUDA memory natively
+  size_t max_am_header = 0;        // bytes; larger headers travel in the payload
+  std::string tls;                 // the effective UCX_TLS ("" = UCX default)
+};
+
+class Worker : public std::enable_shared_from_this<Worker> {
+ public:
+  /// Creates the UCX context and worker. Errors: kUnsupported (UCX lacks a feature),
+  /// kInternal (UCX failed) with UCX's message.
+  static Result<std::shared_ptr<Worker>> create(const WorkerConfig& config);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  const WorkerConfig& config() const { return config_; }
+  const WorkerInfo& info() const { return info_; }
+
+  // ---- handlers: set before listen()/connect() -------------------------------------
+  void setMessageHandler(MessageHandler handler);
+  void setEndpointErrorHandler(EndpointErrorHandler handler);
+
+  // ---- connections (any thread; blocks until done or timed out) ---------------------
+  /// Listens on host:port (port 0 picks a free port; Listener::port() tells which).
+  /// Errors: kInvalidArgument (bad address), kAlreadyExists (port in use), kInternal.
+  Result<std::unique_ptr<Listener>> listen(const std::string& host, uint16_t port,
+                                           AcceptHandler on_accept);
+  /// Connects to a listener and waits until the connection is established (at most
+  /// config().connect_timeout). Errors: kPeerUnreachable naming host:port, kTimeout.
+  Result<std::shared_ptr<Endpoint>> connect(const std::string& host, uint16_t port);
+
+  // ---- progress ----------------------------------------------------------------------
+  /// Starts the progress thread; from then on only it touches UCX.
+  Status startProgressThread();
+  /// Caller-driven progress (when no progress thread runs): runs posted tasks and UCX
+  /// callbacks once. Returns the number of events handled. Progress thread only.
+  unsigned progress();
+  /// Runs `task` on the progress thread (inline if called there).
+  void post(std::function<void()> task);
+  bool isProgressThread() const { return std::this_thread::get_id() == progress_thread_id_; }
+  /// Blocks until `done()` holds or `timeout` passes. On the progress thread it drives
+  /// progress(); elsewhere it sleeps. Returns false on timeout.
+  bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+  /// Stops the progress thread and force-closes every endpoint and listener; pending
+  /// requests complete with kCancelled. Idempotent; called by the destructor.
+  void shutdown();
+
+  /// The memory registration cache (progress thread, or through post()).
+  RegistrationCache& registrationCache() { return *rcache_; }
+
+  // ---- statistics (any thread) -------------------------------------------------------
+  uint64_t bytesSent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const { return bytes_received_.load(std::memory_order_relaxed); }
+  /// Bytes of CUDA payloads staged through host memory because UCX lacks CUDA support.
+  uint64_t bytesStaged() const { return bytes_staged_.load(std::memory_order_relaxed); }
+
+  // ---- internal, used by Endpoint / InboundMessage / Listener --------------------------
+  ucp_worker_h ucpWorker() const { return worker_; }
+  ucp_context_h ucpContext() const { return context_; }
+  void countSent(size_t n) { bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
+  void countReceived(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+  void countStaged(size_t n) { bytes_staged_.fetch_add(n, std::memory_order_relaxed); }
+  /// Creates the ucp endpoint of an accepted connection request (progress thread).
+  void acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler& on_accept);
+  /// Forgets a closed endpoint (progress thread).
+  void forgetEndpointFromProgressThread(ucp_ep_h ep);
+  void onEndpointErrorFromProgressThread(EndpointState* state, Status status);
+  /// Starts closing an endpoint: graceful (flush) or forced; bounded by close_timeout.
+  void closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force);
+  /// Non-null while an active-message callback runs (see worker_internal.h).
+  struct AmCallbackScope* amScope() const { return am_scope_; }
+  uint64_t amGeneration() const { return am_generation_; }
+
+ private:
+  explicit Worker(const WorkerConfig& config);
+  Status init();
+  void progressThreadMain();
+  unsigned progressCloses();
+  unsigned runPostedTasks();
+  std::shared_ptr<Endpoint> makeEndpointFromProgressThread(ucp_ep_h ep, std::string peer);
+  std::shared_ptr<Endpoint> endpointFor(ucp_ep_h ep);
+  friend struct AmDispatch;
+  friend struct AmCallbackScope;
+
+  struct PendingClose {
+    enum class Phase { kFlushing, kClosing };
+    std::shared_ptr<EndpointState> state;
+    void* request;
+    std::chrono::steady_clock::time_point deadline;
+    Phase phase;
+  };
+  void issueCloseFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force,
+                                    std::chrono::steady_clock::time_point deadline);
+
+  WorkerConfig config_;
+  WorkerInfo info_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_efd_ = -1;  // UCX's event fd
+  int wake_fd_ = -1;     // eventfd written by post() while the progress thread sleeps
+  int epoll_fd_ = -1;
+  std::unique_ptr<RegistrationCache> rcache_;
+
+  MessageHandler message_handler_;
+  EndpointErrorHandler error_handler_;
+
+  std::thread progress_thread_;
+  std::thread::id progress_thread_id_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  bool shut_down_ = false;
+
+  std::mutex tasks_mutex_;
+  std::vector<std::function<void()>> tasks_;
+  std::vector<std::function<void()>> running_tasks_;  // progress thread only
+  std::atomic<size_t> tasks_pending_{0};
+
+  // Progress thread only: every open ucp endpoint and its state.
+  std::unordered_map<ucp_ep_h, std::shared_ptr<EndpointState>> endpoints_;
+  std::vector<PendingClose> pending_closes_;
+  AmCallbackScope* am_scope_ = nullptr;
+  uint64_t am_generation_ = 0;
+
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_staged_{0};
+};
+
+/// A listening socket address. Destroying it stops accepting (connections stay open).
+class Listener {
+ public:
+  Listener(std::shared_ptr<Worker> worker, AcceptHandler on_accept);
+  ~Listener();
+  /// The port actually bound (useful with port 0).
+  uint16_t port() const { return port_; }
+  const std::string& address() const { return address_; }
+
+  // internal
+  Status startFromProgressThread(const std::string& host, uint16_t port);
+  static void onConnectionRequest(ucp_conn_request_h request, void* arg);
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  AcceptHandler on_accept_;
+  ucp_listener_h listener_ = nullptr;
+  uint16_t port_ = 0;
+  std::string address_;
+};
+
+}  // namespace genie::transport

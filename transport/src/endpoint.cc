@@ -1,0 +1,214 @@
+#include "genie/transport/endpoint.h"
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+#include <ucp/api/ucp.h>
+
+#include "genie/transport/registration_cache.h"
+#include "genie/transport/worker.h"
+#include "ucx_util.h"
+
+namespace genie::transport {
+
+namespace {
+
+/// One in-flight operation: owns what UCX needs until completion (the header copy).
+struct Operation {
+  Callback done;
+  std::string what;  // for errors: "send to 127.0.0.1:5000"
+  std::vector<std::byte> header;
+  std::vector<std::byte> data;  // large-header messages: FlatBuffer + payload
+  uint64_t large_header_length = 0;
+};
+
+void complete(Operation* op, ucs_status_t status) {
+  std::unique_ptr<Operation> owned(op);
+  if (owned->done) owned->done(status == UCS_OK ? Status::ok() : GENIE_UCX_STATUS(status, "{}", owned->what));
+}
+
+void onSendComplete(void* request, ucs_status_t status, void* user_data) {
+  complete(static_cast<Operation*>(user_data), status);
+  ucp_request_free(request);
+}
+
+/// Finishes an operation that UCX started: immediate success, immediate error, or pending.
+void track(ucs_status_ptr_t request, Operation* op) {
+  if (request == nullptr) {
+    complete(op, UCS_OK);
+  } else if (UCS_PTR_IS_ERR(request)) {
+    complete(op, UCS_PTR_STATUS(request));
+  }  // else: onSendComplete runs later
+}
+
+ucp_request_param_t requestParam(Worker& worker, Operation* op, const void* buffer, size_t size,
+                                 MemoryType memory) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.send = &onSendComplete;
+  param.user_data = op;
+  param.memory_type = ucsMemoryType(memory);
+  if (size != 0) {
+    if (const MemoryRegion* region = worker.registrationCache().find(buffer, size)) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = region->memh;
+    }
+  }
+  return param;
+}
+
+}  // namespace
+
+RemoteKey::~RemoteKey() {
+  ucp_rkey_h rkey = rkey_;
+  worker_->post([rkey] { ucp_rkey_destroy(rkey); });
+}
+
+Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::shared_ptr<EndpointState> state)
+    : worker_(std::move(worker)), state_(std::move(state)) {}
+
+Endpoint::~Endpoint() {
+  if (state_->closed.load()) return;
+  // Graceful, non-blocking close on the progress thread (this may run inside a callback).
+  worker_->post([worker = worker_.get(), state = state_] { worker->closeEndpointFromProgressThread(state, false); });
+}
+
+Status Endpoint::error() const {
+  if (state_->failed.load()) return state_->error;
+  if (state_->closed.load()) return GENIE_ERROR(kCancelled, "endpoint to {} is closed", state_->peer);
+  return Status::ok();
+}
+
+std::string Endpoint::transports() const { return state_->transports; }
+
+Status Endpoint::checkUsable() const {
+  if (state_->failed.load()) return state_->error;
+  if (state_->closed.load() || state_->ep == nullptr) {
+    return GENIE_ERROR(kCancelled, "endpoint to {} is closed", state_->peer);
+  }
+  return Status::ok();
+}
+
+void Endpoint::send(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
+  if (worker_->isProgressThread()) {
+    sendFromProgressThread(header, payload, std::move(done));
+    return;
+  }
+  std::vector<std::byte> copy(header.begin(), header.end());
+  worker_->post([self = shared_from_this(), copy = std::move(copy), payload, done = std::move(done)]() mutable {
+    self->sendFromProgressThread(copy, payload, std::move(done));
+  });
+}
+
+void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
+  if (Status usable = checkUsable(); !usable) {
+    done(usable);
+    return;
+  }
+  if (payload.memory == MemoryType::kCuda && !worker_->info().cuda_memory) {
+    done(GENIE_ERROR(kUnsupported, "sending CUDA memory to {} needs a UCX built with CUDA (this one: {})",
+                     state_->peer, worker_->info().ucx_version));
+    return;
+  }
+  auto* op = new Operation{std::move(done), "", {}, {}, 0};
+  op->what = "send to " + state_->peer;
+  worker_->countSent(header.size() + payload.size);
+  const size_t max_header = worker_->info().max_am_header;
+  if (max_header == 0 || header.size() <= max_header) {
+    op->header.assign(header.begin(), header.end());
+    ucp_request_param_t param = requestParam(*worker_, op, payload.data, payload.size, payload.memory);
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    track(ucp_am_send_nbx(state_->ep, kAmMessage, op->header.data(), op->header.size(), payload.data,
+                          payload.size, &param),
+          op);
+    return;
+  }
+  // The FlatBuffer is larger than UCX's AM header limit: it travels at the front of the data.
+  if (payload.memory != MemoryType::kHost) {
+    complete(op, UCS_ERR_UNSUPPORTED);
+    return;
+  }
+  op->large_header_length = header.size();
+  op->data.resize(header.size() + payload.size);
+  std::memcpy(op->data.data(), header.data(), header.size());
+  if (payload.size) std::memcpy(op->data.data() + header.size(), payload.data, payload.size);
+  ucp_request_param_t param = requestParam(*worker_, op, nullptr, 0, MemoryType::kHost);
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  track(ucp_am_send_nbx(state_->ep, kAmLargeHeader, &op->large_header_length, sizeof(uint64_t),
+                        op->data.data(), op->data.size(), &param),
+        op);
+}
+
+void Endpoint::put(ConstBuffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey, Callback done) {
+  worker_->post([self = shared_from_this(), local, remote_address, rkey = std::move(rkey),
+                 done = std::move(done)]() mutable {
+    if (Status usable = self->checkUsable(); !usable) return done(usable);
+    auto* op = new Operation{std::move(done), "put to " + self->peer(), {}, {}, 0};
+    self->worker_->countSent(local.size);
+    ucp_request_param_t param = requestParam(*self->worker_, op, local.data, local.size, local.memory);
+    track(ucp_put_nbx(self->state_->ep, local.data, local.size, remote_address, rkey->ucpRkey(), &param), op);
+  });
+}
+
+void Endpoint::get(Buffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey, Callback done) {
+  worker_->post([self = shared_from_this(), local, remote_address, rkey = std::move(rkey),
+                 done = std::move(done)]() mutable {
+    if (Status usable = self->checkUsable(); !usable) return done(usable);
+    auto* op = new Operation{std::move(done), "get from " + self->peer(), {}, {}, 0};
+    self->worker_->countReceived(local.size);
+    ucp_request_param_t param = requestParam(*self->worker_, op, local.data, local.size, local.memory);
+    track(ucp_get_nbx(self->state_->ep, local.data, local.size, remote_address, rkey->ucpRkey(), &param), op);
+  });
+}
+
+void Endpoint::flush(Callback done) {
+  worker_->post([self = shared_from_this(), done = std::move(done)]() mutable {
+    if (Status usable = self->checkUsable(); !usable) return done(usable);
+    auto* op = new Operation{std::move(done), "flush of " + self->peer(), {}, {}, 0};
+    ucp_request_param_t param = requestParam(*self->worker_, op, nullptr, 0, MemoryType::kHost);
+    track(ucp_ep_flush_nbx(self->state_->ep, &param), op);
+  });
+}
+
+Result<std::shared_ptr<RemoteKey>> Endpoint::unpackRkey(std::span<const std::byte> packed) {
+  Result<std::shared_ptr<RemoteKey>> result = GENIE_ERROR(kInternal, "rkey unpack did not run");
+  std::atomic<bool> done{false};
+  worker_->post([&] {
+    if (Status usable = checkUsable(); !usable) {
+      result = usable;
+    } else {
+      ucp_rkey_h rkey = nullptr;
+      ucs_status_t st = ucp_ep_rkey_unpack(state_->ep, packed.data(), &rkey);
+      if (st != UCS_OK) {
+        result = GENIE_UCX_STATUS(st, "unpacking a {}-byte remote key from {}", packed.size(), state_->peer);
+      } else {
+        result = std::make_shared<RemoteKey>(worker_, rkey);
+      }
+    }
+    done = true;
+  });
+  if (!worker_->waitUntil([&] { return done.load(); }, worker_->config().connect_timeout)) {
+    return GENIE_ERROR(kTimeout, "rkey unpack for {}: the progress thread did not answer", state_->peer);
+  }
+  return result;
+}
+
+void Endpoint::close() {
+  if (state_->closed.exchange(true)) {
+    worker_->waitUntil([&] { return state_->close_done.load(); }, worker_->config().close_timeout);
+    return;
+  }
+  auto close_timeout = worker_->config().close_timeout;
+  // Graceful (UCX flushes first) unless the peer already failed; bounded by close_timeout,
+  // after which the close is abandoned (see Worker::progressCloses).
+  worker_->post([worker = worker_.get(), state = state_] {
+    worker->closeEndpointFromProgressThread(state, /*force=*/state->failed.load());
+  });
+  if (!worker_->isProgressThread()) {
+    worker_->waitUntil([&] { return state_->close_done.load(); }, close_timeout + std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace genie::transport

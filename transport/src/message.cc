@@ -1,0 +1,172 @@
+#include "genie/transport/message.h"
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "genie/transport/endpoint.h"
+#include "genie/transport/registration_cache.h"
+#include "ucx_util.h"
+#include "worker_internal.h"
+
+namespace genie::transport {
+
+InboundMessage::InboundMessage(std::shared_ptr<Worker> worker, std::shared_ptr<Endpoint> endpoint,
+                               std::span<const std::byte> header, void* payload_desc,
+                               size_t payload_size, bool payload_is_rndv)
+    : worker_(std::move(worker)),
+      endpoint_(std::move(endpoint)),
+      header_(header.begin(), header.end()),
+      payload_size_(payload_size) {
+  payload_.desc = payload_desc;
+  payload_.size = payload_size;
+  payload_.rndv = payload_is_rndv;
+  payload_.generation = worker_->amGeneration();
+}
+
+InboundMessage::InboundMessage(InboundMessage&& other) noexcept
+    : worker_(std::move(other.worker_)),
+      endpoint_(std::move(other.endpoint_)),
+      header_(std::move(other.header_)),
+      payload_(other.takePayload()),
+      payload_size_(other.payload_size_) {}
+
+InboundMessage& InboundMessage::operator=(InboundMessage&& other) noexcept {
+  if (this != &other) {
+    releasePayload();
+    worker_ = std::move(other.worker_);
+    endpoint_ = std::move(other.endpoint_);
+    header_ = std::move(other.header_);
+    payload_ = other.takePayload();
+    payload_size_ = other.payload_size_;
+  }
+  return *this;
+}
+
+InboundMessage::~InboundMessage() { releasePayload(); }
+
+void InboundMessage::adoptEagerCopy(std::vector<std::byte> bytes) {
+  payload_size_ = bytes.size();
+  payload_.size = bytes.size();
+  payload_.eager_copy = std::move(bytes);
+}
+
+InboundMessage::Payload InboundMessage::takePayload() {
+  Payload taken = std::move(payload_);
+  payload_ = Payload{};
+  return taken;
+}
+
+void InboundMessage::receivePayload(Buffer dst, Callback done) {
+  if (dst.size != payload_size_) {
+    releasePayload();
+    done(GENIE_ERROR(kInvalidArgument, "payload is {} bytes but the receive buffer has {} bytes",
+                     payload_size_, dst.size));
+    return;
+  }
+  if (!payload_.pending()) {
+    done(payload_size_ == 0 ? Status::ok()
+                            : GENIE_ERROR(kInvalidArgument, "payload was already received or released"));
+    return;
+  }
+  Worker& worker = *worker_;
+  if (worker.isProgressThread()) {
+    receiveFromProgressThread(worker, endpoint_ ? endpoint_->state() : nullptr, takePayload(), dst,
+                              std::move(done));
+    return;
+  }
+  // The UCX calls must run on the progress thread; the worker outlives this through the
+  // endpoint that the closure holds.
+  worker.post([worker = worker_, from = endpoint_ ? endpoint_->state() : nullptr, payload = takePayload(), dst,
+               done = std::move(done)]() mutable {
+    receiveFromProgressThread(*worker, std::move(from), std::move(payload), dst, std::move(done));
+  });
+}
+
+void InboundMessage::releasePayload() {
+  if (!payload_.pending() || !worker_) return;
+  if (worker_->isProgressThread()) {
+    releaseFromProgressThread(*worker_, takePayload());
+    return;
+  }
+  worker_->post([worker = worker_, payload = takePayload()]() mutable {
+    releaseFromProgressThread(*worker, std::move(payload));
+  });
+}
+
+void InboundMessage::releaseFromProgressThread(Worker& worker, Payload payload) {
+  if (payload.desc == nullptr) return;
+  if (auto* scope = AmCallbackScope::current(worker, payload.generation)) {
+    scope->disposition = AmCallbackScope::Disposition::kRelease;  // the callback returns UCS_OK
+    return;
+  }
+  ucp_am_data_release(worker.ucpWorker(), payload.desc);
+}
+
+namespace {
+
+struct ReceiveOp {
+  Callback done;
+  size_t expected;
+  std::shared_ptr<EndpointState> from;  // null if the endpoint closed before the receive
+};
+
+void onReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
+  std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(user_data));
+  std::string peer = op->from ? op->from->peer : std::string("a closed endpoint");
+  if (status == UCS_OK && length != op->expected) {
+    op->done(GENIE_ERROR(kInvalidMessage, "rendezvous from {} delivered {} bytes, expected {}", peer, length,
+                         op->expected));
+  } else if (status != UCS_OK && op->from && op->from->failed.load()) {
+    // UCX cancels the receive when the sender's endpoint fails: report the peer's failure.
+    op->done(GENIE_ERROR(kPeerUnreachable, "receiving {} bytes from {} failed: {}", op->expected, peer,
+                         op->from->error.message()));
+  } else {
+    op->done(status == UCS_OK ? Status::ok()
+                              : GENIE_UCX_STATUS(status, "receiving {} bytes from {}", op->expected, peer));
+  }
+  if (request != nullptr) ucp_request_free(request);
+}
+
+}  // namespace
+
+void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<EndpointState> from,
+                                               Payload payload, Buffer dst, Callback done) {
+  if (dst.memory == MemoryType::kCuda && !worker.info().cuda_memory) {
+    releaseFromProgressThread(worker, std::move(payload));
+    done(GENIE_ERROR(kUnsupported, "receiving into CUDA memory needs a UCX built with CUDA (this one: {})",
+                     worker.info().ucx_version));
+    return;
+  }
+  if (!payload.eager_copy.empty()) {
+    std::memcpy(dst.data, payload.eager_copy.data(), payload.eager_copy.size());
+    done(Status::ok());
+    return;
+  }
+  if (!payload.rndv) {
+    // Eager data that UCX kept for us (UCP_AM_FLAG_PERSISTENT_DATA): one copy.
+    std::memcpy(dst.data, payload.desc, payload.size);
+    releaseFromProgressThread(worker, std::move(payload));
+    done(Status::ok());
+    return;
+  }
+  // Rendezvous: UCX moves the bytes straight into dst and takes the descriptor.
+  auto* op = new ReceiveOp{std::move(done), payload.size, std::move(from)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.recv_am = &onReceived;
+  param.user_data = op;
+  param.memory_type = ucsMemoryType(dst.memory);
+  if (const MemoryRegion* region = worker.registrationCache().find(dst.data, dst.size)) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = region->memh;
+  }
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker.ucpWorker(), payload.desc, dst.data, dst.size, &param);
+  if (request == nullptr) {
+    onReceived(nullptr, UCS_OK, payload.size, op);
+  } else if (UCS_PTR_IS_ERR(request)) {
+    onReceived(nullptr, UCS_PTR_STATUS(request), 0, op);
+  }
+}
+
+}  // namespace genie::transport

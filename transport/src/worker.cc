@@ -1,0 +1,705 @@
+#include "genie/transport/worker.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+#include <ucp/api/ucp.h>
+
+#include "genie/transport/endpoint.h"
+#include "genie/transport/message.h"
+#include "genie/transport/registration_cache.h"
+#include "ucx_util.h"
+#include "worker_internal.h"
+
+namespace genie::transport {
+
+namespace {
+
+/// UCX_TLS as Genie uses it: shared memory alone cannot establish a client-server
+/// connection (the sockaddr connection manager needs tcp), so "sm" gets tcp added.
+std::string effectiveTls(const std::string& tls) {
+  if (tls.empty()) return tls;
+  static const char* kSharedMemory[] = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm"};
+  size_t start = 0;
+  while (start <= tls.size()) {
+    size_t end = tls.find(',', start);
+    std::string item = tls.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    bool shared = false;
+    for (const char* s : kSharedMemory) shared = shared || item == s;
+    if (!shared) return tls;  // something besides shared memory: leave it as asked
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return tls + ",tcp";
+}
+
+/// Whether UCX_TLS (empty: all) may select a shared-memory (mm) transport.
+bool usesSharedMemory(const std::string& tls) {
+  if (tls.empty()) return true;
+  for (const char* name : {"sm", "shm", "posix", "sysv", "mm", "all"}) {
+    std::string item(name);
+    size_t pos = 0;
+    while ((pos = tls.find(item, pos)) != std::string::npos) {
+      bool starts = pos == 0 || tls[pos - 1] == ',';
+      bool ends = pos + item.size() == tls.size() || tls[pos + item.size()] == ',';
+      if (starts && ends) return true;
+      pos += item.size();
+    }
+  }
+  return false;
+}
+
+Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* length) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = host.empty() ? AI_PASSIVE : 0;
+  addrinfo* found = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return GENIE_ERROR(kInvalidArgument, "cannot resolve '{}': {}", host, gai_strerror(rc));
+  }
+  sockaddr_storage address{};
+  std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+  *length = found->ai_addrlen;
+  freeaddrinfo(found);
+  return address;
+}
+
+std::string formatAddress(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&address);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  }
+  return fmt::format("{}:{}", host, port);
+}
+
+}  // namespace
+
+// ---- active-message dispatch (progress thread) ---------------------------------------
+
+struct AmDispatch {
+  static ucs_status_t onMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+    auto* worker = static_cast<Worker*>(arg);
+    std::shared_ptr<Endpoint> endpoint;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) endpoint = worker->endpointFor(param->reply_ep);
+    if (!endpoint) {
+      SPDLOG_WARN("dropping a message from an endpoint that is closed or unknown");
+      return UCS_OK;
+    }
+    worker->countReceived(header_length + length);
+    if (!worker->message_handler_) return UCS_OK;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    AmCallbackScope scope(*worker);
+    {
+      InboundMessage message(worker->shared_from_this(), std::move(endpoint),
+                             {static_cast<const std::byte*>(header), header_length},
+                             length ? data : nullptr, length, rndv);
+      worker->message_handler_(std::move(message));
+    }
+    return scope.ucxReturn(length);
+  }
+
+  /// kAmLargeHeader: header is the FlatBuffer's length; data holds FlatBuffer then payload.
+  static ucs_status_t onLargeHeader(void* arg, const void* header, size_t header_length,
+                                    void* data, size_t length, const ucp_am_recv_param_t* param) {
+    auto* worker = static_cast<Worker*>(arg);
+    uint64_t flatbuffer_length = 0;
+    std::shared_ptr<Endpoint> endpoint;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) endpoint = worker->endpointFor(param->reply_ep);
+    if (header_length != sizeof(flatbuffer_length) || !endpoint) {
+      SPDLOG_WARN("dropping a malformed large-header message");
+      return UCS_OK;
+    }
+    std::memcpy(&flatbuffer_length, header, sizeof(flatbuffer_length));
+    if (flatbuffer_length > length) {
+      SPDLOG_WARN("dropping a large-header message from {}: header {} B > data {} B",
+                  endpoint->peer(), flatbuffer_length, length);
+      return UCS_OK;
+    }
+    worker->countReceived(header_length + length);
+    auto deliver = [worker, endpoint, flatbuffer_length](std::vector<std::byte> bytes) {
+      if (!worker->message_handler_) return;
+      InboundMessage message(worker->shared_from_this(), endpoint,
+                             {bytes.data(), static_cast<size_t>(flatbuffer_length)}, nullptr, 0, false);
+      message.adoptEagerCopy(std::vector<std::byte>(bytes.begin() + flatbuffer_length, bytes.end()));
+      worker->message_handler_(std::move(message));
+    };
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+      auto* begin = static_cast<const std::byte*>(data);
+      deliver(std::vector<std::byte>(begin, begin + length));
+      return UCS_OK;  // copied: UCX may release its descriptor
+    }
+    // Rendezvous: pull the whole message into a host buffer, then deliver it.
+    auto* pending = new LargeHeaderReceive{std::vector<std::byte>(length), deliver};
+    ucp_request_param_t request{};
+    request.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    request.cb.recv_am = [](void* req, ucs_status_t status, size_t, void* user_data) {
+      std::unique_ptr<LargeHeaderReceive> done(static_cast<LargeHeaderReceive*>(user_data));
+      if (status == UCS_OK) done->deliver(std::move(done->bytes));
+      if (req != nullptr) ucp_request_free(req);
+    };
+    request.user_data = pending;
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(worker->worker_, data, pending->bytes.data(), length, &request);
+    if (sp == nullptr) {
+      std::unique_ptr<LargeHeaderReceive> done(pending);
+      done->deliver(std::move(done->bytes));
+    } else if (UCS_PTR_IS_ERR(sp)) {
+      delete pending;
+      SPDLOG_WARN("large-header receive from {} failed: {}", endpoint->peer(),
+                  ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    return UCS_INPROGRESS;
+  }
+
+  struct LargeHeaderReceive {
+    std::vector<std::byte> bytes;
+    std::function<void(std::vector<std::byte>)> deliver;
+  };
+
+  static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* state = static_cast<EndpointState*>(arg);
+    auto worker_owner = state->owner.lock();
+    Worker* worker = worker_owner ? &worker_owner->worker() : nullptr;
+    Status error = GENIE_UCX_STATUS(status, "connection to {} failed", state->peer);
+    if (worker != nullptr) {
+      worker->onEndpointErrorFromProgressThread(state, error);
+    } else {
+      state->error = error;
+      state->failed = true;
+    }
+  }
+
+  static void onConnectionRequest(ucp_conn_request_h request, void* arg) {
+    Listener::onConnectionRequest(request, arg);
+  }
+};
+
+// ---- Worker lifecycle -----------------------------------------------------------------
+
+Worker::Worker(const WorkerConfig& config) : config_(config) {}
+
+Result<std::shared_ptr<Worker>> Worker::create(const WorkerConfig& config) {
+  std::shared_ptr<Worker> worker(new Worker(config));
+  GENIE_RETURN_IF_ERROR(worker->init());
+  return worker;
+}
+
+Status Worker::init() {
+  progress_thread_id_ = std::this_thread::get_id();
+  ucp_config_t* ucx_config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &ucx_config);
+  if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_config_read");
+  std::string tls = effectiveTls(config_.tls);
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    ucs_status_t s = ucp_config_modify(ucx_config, name, value.c_str());
+    if (s != UCS_OK) return GENIE_UCX_STATUS(s, "UCX setting {}={}", name, value);
+    return Status::ok();
+  };
+  Status status;
+  if (!tls.empty()) status = modify("TLS", tls);
+  if (status && !config_.net_devices.empty()) status = modify("NET_DEVICES", config_.net_devices);
+  // Keepalive bounds how long a dead peer can go unnoticed (the shared-memory transports
+  // have no connection to break); a quarter of the bound leaves room for the check itself.
+  auto keepalive = std::max<int64_t>(config_.peer_timeout.count() / 4, 10);
+  if (status) status = modify("KEEPALIVE_INTERVAL", fmt::format("{}ms", keepalive));
+  if (status && config_.rndv_threshold) status = modify("RNDV_THRESH", std::to_string(config_.rndv_threshold));
+  if (!status) {
+    ucp_config_release(ucx_config);
+    return status;
+  }
+  // Shared-memory transports refuse endpoints with peer error handling unless asked.
+  if (status && usesSharedMemory(tls)) status = modify("MM_ERROR_HANDLING", "y");
+  if (!status) {
+    ucp_config_release(ucx_config);
+    return status;
+  }
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  params.name = config_.name.c_str();
+  st = ucp_init(&params, ucx_config, &context_);
+  ucp_config_release(ucx_config);
+  if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_init (UCX_TLS={})", tls.empty() ? "default" : tls);
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  worker_params.name = config_.name.c_str();
+  st = ucp_worker_create(context_, &worker_params, &worker_);
+  if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_worker_create");
+  st = ucp_worker_get_efd(worker_, &worker_efd_);
+  if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_worker_get_efd");
+
+  ucp_worker_attr_t worker_attr{};
+  worker_attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(worker_, &worker_attr) == UCS_OK) info_.max_am_header = worker_attr.max_am_header;
+  ucp_context_attr_t context_attr{};
+  context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_, &context_attr) == UCS_OK) {
+    info_.cuda_memory = (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  info_.ucx_version = fmt::format("{}.{}.{}", major, minor, release);
+  info_.tls = tls;
+
+  auto set_handler = [&](unsigned id, ucp_am_recv_callback_t cb) -> Status {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = id;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    handler.cb = cb;
+    handler.arg = this;
+    ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &handler);
+    if (s != UCS_OK) return GENIE_UCX_STATUS(s, "ucp_worker_set_am_recv_handler({})", id);
+    return Status::ok();
+  };
+  GENIE_RETURN_IF_ERROR(set_handler(kAmMessage, &AmDispatch::onMessage));
+  GENIE_RETURN_IF_ERROR(set_handler(kAmLargeHeader, &AmDispatch::onLargeHeader));
+
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) return GENIE_ERROR(kInternal, "eventfd/epoll: {}", std::strerror(errno));
+  for (int fd : {worker_efd_, wake_fd_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return GENIE_ERROR(kInternal, "epoll_ctl: {}", std::strerror(errno));
+    }
+  }
+  rcache_ = std::make_unique<RegistrationCache>(context_);
+  SPDLOG_DEBUG("worker '{}': UCX {}, UCX_TLS={}, max AM header {} B, CUDA memory {}", config_.name,
+               info_.ucx_version, tls.empty() ? "(default)" : tls, info_.max_am_header,
+               info_.cuda_memory ? "yes" : "no");
+  return Status::ok();
+}
+
+Worker::~Worker() {
+  if (progress_thread_.joinable() && std::this_thread::get_id() == progress_thread_.get_id()) {
+    SPDLOG_CRITICAL("Worker destroyed from its own progress thread: call Worker::shutdown() first");
+    std::abort();
+  }
+  shutdown();
+  rcache_.reset();
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+void Worker::shutdown() {
+  if (shut_down_ || worker_ == nullptr) return;
+  if (progress_thread_.joinable()) {
+    stop_ = true;
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+    progress_thread_.join();
+  }
+  progress_thread_id_ = std::this_thread::get_id();
+  runPostedTasks();
+  // Force-close every endpoint: their pending requests complete with an error now.
+  std::vector<std::shared_ptr<EndpointState>> open;
+  for (auto& [ep, state] : endpoints_) open.push_back(state);
+  for (auto& state : open) {
+    if (!state->failed) state->error = GENIE_ERROR(kCancelled, "worker '{}' shut down", config_.name);
+    closeEndpointFromProgressThread(state, /*force=*/true);
+  }
+  while (!pending_closes_.empty()) progress();  // bounded: progressCloses() abandons at the deadline
+  endpoints_.clear();
+  runPostedTasks();
+  shut_down_ = true;
+}
+
+void Worker::setMessageHandler(MessageHandler handler) { message_handler_ = std::move(handler); }
+void Worker::setEndpointErrorHandler(EndpointErrorHandler handler) { error_handler_ = std::move(handler); }
+
+// ---- progress -------------------------------------------------------------------------
+
+unsigned Worker::runPostedTasks() {
+  if (tasks_pending_.load(std::memory_order_acquire) == 0) return 0;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    running_tasks_.swap(tasks_);
+  }
+  size_t n = running_tasks_.size();
+  for (auto& task : running_tasks_) task();
+  running_tasks_.clear();
+  tasks_pending_.fetch_sub(n, std::memory_order_acq_rel);
+  return static_cast<unsigned>(n);
+}
+
+unsigned Worker::progress() {
+  unsigned events = runPostedTasks();
+  events += ucp_worker_progress(worker_);
+  events += progressCloses();
+  return events;
+}
+
+void Worker::post(std::function<void()> task) {
+  if (isProgressThread()) {
+    task();
+    return;
+  }
+  if (shut_down_) {
+    // No progress thread any more: run under the lock so UCX sees one thread at a time.
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    task();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  tasks_pending_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+bool Worker::waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (isProgressThread()) {
+    while (!done()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      progress();
+    }
+    return true;
+  }
+  auto pause = std::chrono::microseconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+  return true;
+}
+
+Status Worker::startProgressThread() {
+  if (progress_thread_.joinable()) return GENIE_ERROR(kAlreadyExists, "progress thread already running");
+  if (shut_down_) return GENIE_ERROR(kCancelled, "worker '{}' is shut down", config_.name);
+  std::atomic<bool> started{false};
+  progress_thread_ = std::thread([this, &started] {
+    progress_thread_id_ = std::this_thread::get_id();
+    started = true;
+    progressThreadMain();
+  });
+  while (!started) std::this_thread::yield();
+  return Status::ok();
+}
+
+void Worker::progressThreadMain() {
+  pthread_setname_np(pthread_self(), "genie-progress");
+  auto last_event = std::chrono::steady_clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (progress() != 0) {
+      last_event = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - last_event < config_.busy_poll) continue;
+    // Idle: arm the worker's event fd and sleep until UCX or post() wakes us.
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (tasks_pending_.load(std::memory_order_seq_cst) != 0 || !pending_closes_.empty()) {
+      sleeping_ = false;
+      continue;
+    }
+    ucs_status_t st = ucp_worker_arm(worker_);
+    if (st == UCS_OK) {
+      epoll_event events[2];
+      epoll_wait(epoll_fd_, events, 2, /*timeout ms=*/100);
+    }
+    sleeping_.store(false, std::memory_order_seq_cst);
+    uint64_t drained;
+    while (::read(wake_fd_, &drained, sizeof(drained)) > 0) {
+    }
+    last_event = std::chrono::steady_clock::now();
+  }
+}
+
+// ---- endpoints ------------------------------------------------------------------------
+
+std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
+  auto it = endpoints_.find(ep);
+  if (it == endpoints_.end()) return nullptr;
+  return it->second->owner.lock();
+}
+
+std::shared_ptr<Endpoint> Worker::makeEndpointFromProgressThread(ucp_ep_h ep, std::string peer) {
+  auto state = std::make_shared<EndpointState>();
+  state->ep = ep;
+  state->peer = std::move(peer);
+  auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
+  state->owner = endpoint;
+  endpoints_[ep] = state;
+  return endpoint;
+}
+
+void Worker::forgetEndpointFromProgressThread(ucp_ep_h ep) { endpoints_.erase(ep); }
+
+void Worker::onEndpointErrorFromProgressThread(EndpointState* state, Status status) {
+  if (state->failed.exchange(true)) return;
+  state->error = status;
+  SPDLOG_INFO("{}", status.message());
+  auto endpoint = state->owner.lock();
+  if (error_handler_ && endpoint) error_handler_(endpoint, status);
+  // A failed ucp endpoint must be force-closed; do it after this callback returns.
+  std::shared_ptr<EndpointState> keep;
+  if (auto it = endpoints_.find(state->ep); it != endpoints_.end()) keep = it->second;
+  tasks_mutex_.lock();
+  tasks_.push_back([this, keep] {
+    if (keep) closeEndpointFromProgressThread(keep, /*force=*/true);
+  });
+  tasks_mutex_.unlock();
+  tasks_pending_.fetch_add(1);
+}
+
+void Worker::closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force) {
+  if (state->ep == nullptr || state->close_started) return;
+  state->close_started = true;
+  state->closed = true;
+  auto deadline = std::chrono::steady_clock::now() + config_.close_timeout;
+  if (!force) {
+    // Graceful: flush what is pending first, bounded by close_timeout (progressCloses).
+    ucp_request_param_t param{};
+    ucs_status_ptr_t flush = ucp_ep_flush_nbx(state->ep, &param);
+    if (UCS_PTR_IS_PTR(flush)) {
+      pending_closes_.push_back({state, flush, deadline, PendingClose::Phase::kFlushing});
+      return;
+    }
+    force = UCS_PTR_IS_ERR(flush);
+  }
+  issueCloseFromProgressThread(state, force, deadline);
+}
+
+void Worker::issueCloseFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force,
+                                          std::chrono::steady_clock::time_point deadline) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(state->ep, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    pending_closes_.push_back({state, request, deadline, PendingClose::Phase::kClosing});
+    return;
+  }
+  endpoints_.erase(state->ep);
+  state->ep = nullptr;
+  state->close_done = true;
+}
+
+unsigned Worker::progressCloses() {
+  if (pending_closes_.empty()) return 0;
+  unsigned events = 0;
+  auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < pending_closes_.size();) {
+    PendingClose close = pending_closes_[i];
+    ucs_status_t st = ucp_request_check_status(close.request);
+    if (st == UCS_INPROGRESS && now < close.deadline) {
+      ++i;
+      continue;
+    }
+    pending_closes_[i] = pending_closes_.back();
+    pending_closes_.pop_back();
+    ++events;
+    ucp_request_free(close.request);  // released by UCX once it completes
+    if (close.phase == PendingClose::Phase::kFlushing) {
+      // Flushed (or failed, or timed out): close, forcibly unless the flush succeeded, so
+      // that whatever is still pending completes with an error now.
+      if (st == UCS_INPROGRESS) {
+        SPDLOG_WARN("flushing the endpoint to {} took over {} ms: force-closing it", close.state->peer,
+                    config_.close_timeout.count());
+      }
+      issueCloseFromProgressThread(close.state, /*force=*/st != UCS_OK, now + config_.close_timeout);
+      continue;
+    }
+    if (st == UCS_INPROGRESS) {
+      SPDLOG_WARN("closing the endpoint to {} took over {} ms: abandoned", close.state->peer,
+                  config_.close_timeout.count());
+    }
+    endpoints_.erase(close.state->ep);
+    close.state->ep = nullptr;
+    close.state->close_done = true;
+  }
+  return events;
+}
+
+Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint16_t port) {
+  socklen_t length = 0;
+  auto address = resolve(host, port, &length);
+  if (!address) return address.status();
+  std::string peer = fmt::format("{}:{}", host, port);
+  Result<std::shared_ptr<Endpoint>> created = GENIE_ERROR(kInternal, "connect to {} did not run", peer);
+  bool created_done = false;
+  post([&] {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address.value());
+    params.sockaddr.addrlen = length;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &AmDispatch::onEndpointError;
+    auto state = std::make_shared<EndpointState>();
+    state->peer = peer;
+    params.err_handler.arg = state.get();
+    ucp_ep_h ep = nullptr;
+    ucs_status_t st = ucp_ep_create(worker_, &params, &ep);
+    if (st != UCS_OK) {
+      created = GENIE_UCX_STATUS(st, "connect to {}", peer);
+    } else {
+      state->ep = ep;
+      auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
+      state->owner = endpoint;
+      endpoints_[ep] = state;
+      created = endpoint;
+    }
+    created_done = true;
+  });
+  if (!waitUntil([&] { return created_done; }, config_.connect_timeout)) {
+    return GENIE_ERROR(kTimeout, "connect to {}: the progress thread did not answer in {} ms", peer,
+                       config_.connect_timeout.count());
+  }
+  if (!created) return created.status();
+  std::shared_ptr<Endpoint> endpoint = created.value();
+  // The connection is established once a flush completes (wireup done).
+  std::atomic<bool> flushed{false};
+  Status flush_status;
+  endpoint->flush([&](Status s) {
+    flush_status = s;
+    flushed = true;
+  });
+  if (!waitUntil([&] { return flushed.load(); }, config_.connect_timeout)) {
+    endpoint->close();
+    return GENIE_ERROR(kTimeout, "connect to {}: no answer in {} ms", peer, config_.connect_timeout.count());
+  }
+  if (!flush_status) {
+    endpoint->close();
+    return Status(StatusCode::kPeerUnreachable, fmt::format("connect to {} failed: {}", peer, flush_status.message()),
+                  __FILE__, __LINE__);
+  }
+  std::string lanes;
+  bool lanes_done = false;
+  post([&] {
+    lanes = describeEndpointLanes(endpoint->ucpEp());
+    lanes_done = true;
+  });
+  waitUntil([&] { return lanes_done; }, config_.connect_timeout);
+  endpoint->state()->transports = lanes;
+  SPDLOG_INFO("connected to {} over UCX {} [{}]", peer, info_.ucx_version, lanes);
+  if (slowerThanRequested(info_.tls, lanes)) {
+    SPDLOG_WARN("connection to {}: asked for UCX_TLS={} but data moves over tcp [{}]", peer, info_.tls, lanes);
+  }
+  return endpoint;
+}
+
+void Worker::acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler& on_accept) {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer = "unknown-client";
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = formatAddress(attr.client_address);
+  auto state = std::make_shared<EndpointState>();
+  state->peer = peer;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &AmDispatch::onEndpointError;
+  params.err_handler.arg = state.get();
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(worker_, &params, &ep);
+  if (st != UCS_OK) {
+    SPDLOG_WARN("accepting a connection from {} failed: {}", peer, ucs_status_string(st));
+    return;
+  }
+  state->ep = ep;
+  auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
+  state->owner = endpoint;
+  endpoints_[ep] = state;
+  SPDLOG_INFO("accepted a connection from {}", peer);
+  if (on_accept) on_accept(std::move(endpoint));
+}
+
+Result<std::unique_ptr<Listener>> Worker::listen(const std::string& host, uint16_t port,
+                                                 AcceptHandler on_accept) {
+  auto listener = std::make_unique<Listener>(shared_from_this(), std::move(on_accept));
+  Status status = GENIE_ERROR(kInternal, "listen did not run");
+  bool done = false;
+  post([&] {
+    status = listener->startFromProgressThread(host, port);
+    done = true;
+  });
+  if (!waitUntil([&] { return done; }, config_.connect_timeout)) {
+    return GENIE_ERROR(kTimeout, "listen on {}:{}: the progress thread did not answer", host, port);
+  }
+  if (!status) return status;
+  return listener;
+}
+
+// ---- Listener -------------------------------------------------------------------------
+
+Listener::Listener(std::shared_ptr<Worker> worker, AcceptHandler on_accept)
+    : worker_(std::move(worker)), on_accept_(std::move(on_accept)) {}
+
+Listener::~Listener() {
+  if (listener_ == nullptr) return;
+  ucp_listener_h listener = listener_;
+  bool done = false;
+  worker_->post([&] {
+    ucp_listener_destroy(listener);
+    done = true;
+  });
+  worker_->waitUntil([&] { return done; }, worker_->config().close_timeout);
+}
+
+Status Listener::startFromProgressThread(const std::string& host, uint16_t port) {
+  socklen_t length = 0;
+  auto address = resolve(host, port, &length);
+  if (!address) return address.status();
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address.value());
+  params.sockaddr.addrlen = length;
+  params.conn_handler.cb = &AmDispatch::onConnectionRequest;
+  params.conn_handler.arg = this;
+  ucs_status_t st = ucp_listener_create(worker_->ucpWorker(), &params, &listener_);
+  if (st != UCS_OK) {
+    listener_ = nullptr;
+    return GENIE_UCX_STATUS(st, "listen on {}:{}", host, port);
+  }
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  if (ucp_listener_query(listener_, &attr) == UCS_OK) {
+    address_ = formatAddress(attr.sockaddr);
+    port_ = static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
+  }
+  SPDLOG_INFO("listening on {}", address_);
+  return Status::ok();
+}
+
+void Listener::onConnectionRequest(ucp_conn_request_h request, void* arg) {
+  auto* listener = static_cast<Listener*>(arg);
+  listener->worker_->acceptFromProgressThread(request, listener->on_accept_);
+}
+
+}  // namespace genie::transport

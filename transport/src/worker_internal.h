@@ -1,0 +1,39 @@
+// Private: what the active-message callback and InboundMessage agree on.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include "genie/transport/worker.h"
+
+namespace genie::transport {
+
+/// Lives on the stack of an active-message callback. A message received or released while
+/// its own callback runs must not call into UCX for its data; it records what the callback
+/// should return instead (UCS_OK: UCX frees the data; UCS_INPROGRESS: kept or handed over).
+struct AmCallbackScope {
+  enum class Disposition { kKeep, kRelease };
+
+  explicit AmCallbackScope(Worker& worker) : worker(worker), previous(worker.am_scope_) {
+    ++worker.am_generation_;
+    worker.am_scope_ = this;
+  }
+  ~AmCallbackScope() { worker.am_scope_ = previous; }
+  AmCallbackScope(const AmCallbackScope&) = delete;
+  AmCallbackScope& operator=(const AmCallbackScope&) = delete;
+
+  ucs_status_t ucxReturn(size_t payload_length) const {
+    if (payload_length == 0 || disposition == Disposition::kRelease) return UCS_OK;
+    return UCS_INPROGRESS;
+  }
+
+  /// True if the message of `generation` is the one whose callback is running.
+  static AmCallbackScope* current(const Worker& worker, uint64_t generation) {
+    return worker.amScope() != nullptr && worker.amGeneration() == generation ? worker.amScope() : nullptr;
+  }
+
+  Worker& worker;
+  AmCallbackScope* previous;
+  Disposition disposition = Disposition::kKeep;
+};
+
+}  // namespace genie::transport

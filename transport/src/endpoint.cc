@@ -90,7 +90,8 @@ Status Endpoint::checkUsable() const {
 }
 
 void Endpoint::send(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
-  if (worker_->isProgressThread()) {
+  // Inside an active-message callback UCX defers sends; run them right after it instead.
+  if (worker_->isProgressThread() && worker_->amScope() == nullptr) {
     sendFromProgressThread(header, payload, std::move(done));
     return;
   }

@@ -206,7 +206,9 @@ Status Worker::init() {
   ucp_config_t* ucx_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &ucx_config);
   if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_config_read");
-  std::string tls = effectiveTls(config_.tls);
+  // The transports asked for: Genie's setting, else UCX's own environment variable.
+  const char* env_tls = std::getenv("UCX_TLS");
+  std::string tls = effectiveTls(!config_.tls.empty() ? config_.tls : (env_tls ? env_tls : ""));
   auto modify = [&](const char* name, const std::string& value) -> Status {
     ucs_status_t s = ucp_config_modify(ucx_config, name, value.c_str());
     if (s != UCS_OK) return GENIE_UCX_STATUS(s, "UCX setting {}={}", name, value);
@@ -357,7 +359,7 @@ unsigned Worker::progress() {
 }
 
 void Worker::post(std::function<void()> task) {
-  if (isProgressThread()) {
+  if (isProgressThread() && am_scope_ == nullptr) {
     task();
     return;
   }

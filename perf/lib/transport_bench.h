@@ -1,0 +1,80 @@
+// genie-bench as a library: network microbenchmarks of Genie's data plane in the spirit of
+// ucx_perftest, so that the CLI (tools/genie-bench) and the smoke test share one driver.
+//
+// One process serves (BenchServer), the other drives the tests (runBenchClient). Both drive
+// their worker's progress on the calling thread (busy polling, as ucx_perftest does), and
+// every message is a verified Genie wire message (schemas/genie.fbs):
+//   latency     Ping/Pong with a `size`-byte payload each way; half the round trip (µs)
+//   bandwidth   a stream of BenchData messages with `size`-byte payloads, `window` in flight;
+//               measured at the receiver (BenchReport), MB/s with MB = 2^20 bytes as
+//               ucx_perftest reports it
+//   put / get   PutTensors / GetTensors of one `size`-byte tensor into / out of the server's
+//               registered store, answered by Ack / TensorData: round trip (µs) and MB/s
+//   rate        empty Ping/Pong request/response, `window` in flight: requests per second
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "genie/status.h"
+#include "genie/transport/endpoint.h"
+#include "genie/transport/worker.h"
+
+namespace genie::bench {
+
+enum class BenchTest { kLatency, kBandwidth, kPut, kGet, kRate };
+
+std::string_view benchTestName(BenchTest test);
+/// "latency" -> kLatency, ... Errors: kInvalidArgument naming the unknown test.
+Result<BenchTest> parseBenchTest(std::string_view name);
+
+struct BenchOptions {
+  std::vector<BenchTest> tests{BenchTest::kLatency, BenchTest::kBandwidth};
+  std::vector<size_t> sizes{8, size_t{1} << 20};  // bytes
+  /// Measured iterations per (test, size); 0 picks one from the size (about 1 GiB moved,
+  /// between 100 and 100,000 iterations).
+  size_t iterations = 0;
+  /// Unmeasured iterations first; 0 picks 10% of the iterations (at least 10).
+  size_t warmup = 0;
+  /// Messages in flight for bandwidth and rate.
+  size_t window = 16;
+};
+
+struct BenchResult {
+  std::string test;         // benchTestName
+  size_t size = 0;          // payload bytes
+  size_t iterations = 0;
+  double latency_us = 0;    // per message (half round trip for latency; round trip for put/get)
+  double bandwidth_mbs = 0; // MB/s, MB = 2^20 bytes
+  double rate_per_s = 0;    // messages (or requests) per second
+};
+
+/// Serves benchmark clients on `worker` (whose progress the caller's thread drives) until
+/// `stop` is set or, with `once`, the first client disconnects. Errors: listen failures.
+class BenchServer {
+ public:
+  explicit BenchServer(std::shared_ptr<transport::Worker> worker);
+  ~BenchServer();
+  /// Listens on host:port (0 = any free port).
+  Status listen(const std::string& host, uint16_t port);
+  uint16_t port() const;
+  /// Progress loop; returns when `*stop` becomes true or (once) the first client left.
+  Status serve(const std::atomic<bool>* stop, bool once);
+  /// Messages refused because they failed verification (answered with Error).
+  uint64_t rejectedMessages() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/// Runs every (test, size) of `options` against a BenchServer reached through `endpoint`.
+/// The caller's thread drives `worker`'s progress. Errors: kPeerUnreachable, kTimeout,
+/// kRemote (the server answered with an Error).
+Result<std::vector<BenchResult>> runBenchClient(transport::Worker& worker, transport::Endpoint& endpoint,
+                                                const BenchOptions& options);
+
+}  // namespace genie::bench

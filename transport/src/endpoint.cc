@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
 
+#include "cuda_staging.h"
 #include "genie/transport/registration_cache.h"
 #include "genie/transport/worker.h"
 #include "ucx_util.h"
@@ -20,6 +21,7 @@ struct Operation {
   std::vector<std::byte> header;
   std::vector<std::byte> data;  // large-header messages: FlatBuffer + payload
   uint64_t large_header_length = 0;
+  std::vector<std::byte> staged;  // CUDA payload copied to host (UCX without CUDA)
 };
 
 void complete(Operation* op, ucs_status_t status) {
@@ -106,13 +108,21 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
     done(usable);
     return;
   }
-  if (payload.memory == MemoryType::kCuda && !worker_->info().cuda_memory) {
-    done(GENIE_ERROR(kUnsupported, "sending CUDA memory to {} needs a UCX built with CUDA (this one: {})",
-                     state_->peer, worker_->info().ucx_version));
-    return;
-  }
   auto* op = new Operation{std::move(done), "", {}, {}, 0};
   op->what = "send to " + state_->peer;
+  if (payload.memory == MemoryType::kCuda && !worker_->info().cuda_memory) {
+    // This UCX cannot read GPU memory: one counted copy into host memory first.
+    std::vector<std::byte> staged(payload.size);
+    if (Status copied = copyDeviceToHost(staged.data(), payload.data, payload.size); !copied) {
+      std::unique_ptr<Operation> failed(op);
+      failed->done(Status(copied.code(), fmt::format("send to {}: {}", state_->peer, copied.message()),
+                          copied.file(), copied.line()));
+      return;
+    }
+    worker_->noteStaged(payload.size);
+    op->staged = std::move(staged);
+    payload = {op->staged.data(), payload.size, MemoryType::kHost};
+  }
   worker_->countSent(header.size() + payload.size);
   const size_t max_header = worker_->info().max_am_header;
   if (max_header == 0 || header.size() <= max_header) {

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cuda_staging.h"
 #include "genie/transport/endpoint.h"
 #include "genie/transport/registration_cache.h"
 #include "ucx_util.h"
@@ -133,9 +134,20 @@ void onReceived(void* request, ucs_status_t status, size_t length, void* user_da
 void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<EndpointState> from,
                                                Payload payload, Buffer dst, Callback done) {
   if (dst.memory == MemoryType::kCuda && !worker.info().cuda_memory) {
-    releaseFromProgressThread(worker, std::move(payload));
-    done(GENIE_ERROR(kUnsupported, "receiving into CUDA memory needs a UCX built with CUDA (this one: {})",
-                     worker.info().ucx_version));
+    if (!cudaStagingBuilt()) {
+      releaseFromProgressThread(worker, std::move(payload));
+      done(copyHostToDevice(dst.data, nullptr, dst.size));  // kUnsupported, naming the size
+      return;
+    }
+    // This UCX cannot write GPU memory: land in host memory, then one counted copy up.
+    auto staged = std::make_shared<std::vector<std::byte>>(dst.size);
+    Buffer host{staged->data(), dst.size, MemoryType::kHost};
+    worker.noteStaged(dst.size);
+    receiveFromProgressThread(worker, std::move(from), std::move(payload), host,
+                              [staged, dst, done = std::move(done)](Status s) {
+                                if (s) s = copyHostToDevice(dst.data, staged->data(), dst.size);
+                                done(s);
+                              });
     return;
   }
   if (!payload.eager_copy.empty()) {

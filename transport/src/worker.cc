@@ -333,6 +333,14 @@ void Worker::shutdown() {
   shut_down_ = true;
 }
 
+void Worker::noteStaged(size_t n) {
+  if (bytes_staged_.fetch_add(n, std::memory_order_relaxed) == 0) {
+    SPDLOG_WARN("UCX {} cannot access CUDA memory: GPU tensors are staged through host memory "
+                "(one extra copy each way; use a CUDA-aware UCX such as PyPI's libucx-cu13)",
+                info_.ucx_version);
+  }
+}
+
 void Worker::setMessageHandler(MessageHandler handler) { message_handler_ = std::move(handler); }
 void Worker::setEndpointErrorHandler(EndpointErrorHandler handler) { error_handler_ = std::move(handler); }
 

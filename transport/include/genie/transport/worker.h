@@ -116,7 +116,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   ucp_context_h ucpContext() const { return context_; }
   void countSent(size_t n) { bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
   void countReceived(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
-  void countStaged(size_t n) { bytes_staged_.fetch_add(n, std::memory_order_relaxed); }
+  /// Counts a CUDA payload staged through host memory; warns the first time.
+  void noteStaged(size_t n);
   /// Creates the ucp endpoint of an accepted connection request (progress thread).
   void acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler& on_accept);
   /// Forgets a closed endpoint (progress thread).

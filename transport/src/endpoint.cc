@@ -15,18 +15,74 @@ namespace genie::transport {
 namespace {
 
 /// One in-flight operation: owns what UCX needs until completion (the header copy).
+/// Operations are recycled through a per-thread pool: they are made and completed on the
+/// progress thread, and the hot path then allocates nothing.
 struct Operation {
   Callback done;
-  std::string what;  // for errors: "send to 127.0.0.1:5000"
+  const char* verb = "";                 // for errors: "send to"
+  std::shared_ptr<EndpointState> state;  // names the peer in errors
   std::vector<std::byte> header;
-  std::vector<std::byte> data;  // large-header messages: FlatBuffer + payload
+  std::vector<std::byte> data;           // large-header messages: FlatBuffer + payload
   uint64_t large_header_length = 0;
-  std::vector<std::byte> staged;  // CUDA payload copied to host (UCX without CUDA)
+  std::vector<std::byte> staged;         // CUDA payload copied to host (UCX without CUDA)
+  ConstBuffer payload;                   // sends
+  Worker* worker = nullptr;              // deferred sends
 };
 
+constexpr size_t kPoolLimit = 1024;
+constexpr size_t kKeepCapacity = 4096;  // bytes of header kept by a pooled operation
+
+std::vector<Operation*>& operationPool() {
+  thread_local std::vector<Operation*> pool;
+  return pool;
+}
+
+Operation* newOperation(Callback done, const char* verb, const std::shared_ptr<EndpointState>& state) {
+  auto& pool = operationPool();
+  Operation* op;
+  if (pool.empty()) {
+    op = new Operation;
+  } else {
+    op = pool.back();
+    pool.pop_back();
+  }
+  op->done = std::move(done);
+  op->verb = verb;
+  op->state = state;
+  return op;
+}
+
+void recycle(Operation* op) {
+  op->done = nullptr;
+  op->state.reset();
+  op->header.clear();
+  if (op->header.capacity() > kKeepCapacity) op->header.shrink_to_fit();
+  op->data = {};
+  op->staged = {};
+  op->large_header_length = 0;
+  op->payload = {};
+  op->worker = nullptr;
+  auto& pool = operationPool();
+  if (pool.size() < kPoolLimit) {
+    pool.push_back(op);
+  } else {
+    delete op;
+  }
+}
+
 void complete(Operation* op, ucs_status_t status) {
-  std::unique_ptr<Operation> owned(op);
-  if (owned->done) owned->done(status == UCS_OK ? Status::ok() : GENIE_UCX_STATUS(status, "{}", owned->what));
+  Callback done = std::move(op->done);
+  Status result = Status::ok();
+  if (status != UCS_OK) {
+    const std::string& peer = op->state ? op->state->peer : std::string();
+    if (op->state && op->state->failed.load()) {
+      result = GENIE_ERROR(kPeerUnreachable, "{} {} failed: {}", op->verb, peer, op->state->error.message());
+    } else {
+      result = GENIE_UCX_STATUS(status, "{} {}", op->verb, peer);
+    }
+  }
+  recycle(op);
+  if (done) done(std::move(result));
 }
 
 void onSendComplete(void* request, ucs_status_t status, void* user_data) {
@@ -92,8 +148,7 @@ Status Endpoint::checkUsable() const {
 }
 
 void Endpoint::send(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
-  // Inside an active-message callback UCX defers sends; run them right after it instead.
-  if (worker_->isProgressThread() && worker_->amScope() == nullptr) {
+  if (worker_->isProgressThread()) {
     sendFromProgressThread(header, payload, std::move(done));
     return;
   }
@@ -103,20 +158,50 @@ void Endpoint::send(std::span<const std::byte> header, ConstBuffer payload, Call
   });
 }
 
+namespace {
+
+/// Hands a prepared send to UCX: the header in op->header (or op->data for large headers).
+void issueSend(Worker& worker, Operation* op) {
+  EndpointState& state = *op->state;
+  if (state.ep == nullptr || state.failed.load()) {
+    complete(op, state.failed.load() ? UCS_ERR_CONNECTION_RESET : UCS_ERR_CANCELED);
+    return;
+  }
+  const ConstBuffer payload = op->payload;
+  ucp_request_param_t param;
+  ucs_status_ptr_t request;
+  if (op->large_header_length == 0) {
+    param = requestParam(worker, op, payload.data, payload.size, payload.memory);
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    request = ucp_am_send_nbx(state.ep, kAmMessage, op->header.data(), op->header.size(), payload.data,
+                              payload.size, &param);
+  } else {
+    param = requestParam(worker, op, nullptr, 0, MemoryType::kHost);
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    request = ucp_am_send_nbx(state.ep, kAmLargeHeader, &op->large_header_length, sizeof(uint64_t),
+                              op->data.data(), op->data.size(), &param);
+  }
+  track(request, op);
+}
+
+}  // namespace
+
 void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
   if (Status usable = checkUsable(); !usable) {
     done(usable);
     return;
   }
-  auto* op = new Operation{std::move(done), "", {}, {}, 0};
-  op->what = "send to " + state_->peer;
+  Operation* op = newOperation(std::move(done), "send to", state_);
   if (payload.memory == MemoryType::kCuda && !worker_->info().cuda_memory) {
     // This UCX cannot read GPU memory: one counted copy into host memory first.
     std::vector<std::byte> staged(payload.size);
     if (Status copied = copyDeviceToHost(staged.data(), payload.data, payload.size); !copied) {
-      std::unique_ptr<Operation> failed(op);
-      failed->done(Status(copied.code(), fmt::format("send to {}: {}", state_->peer, copied.message()),
-                          copied.file(), copied.line()));
+      Callback failed = std::move(op->done);
+      recycle(op);
+      failed(Status(copied.code(), fmt::format("send to {}: {}", state_->peer, copied.message()), copied.file(),
+                    copied.line()));
       return;
     }
     worker_->noteStaged(payload.size);
@@ -127,36 +212,37 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
   const size_t max_header = worker_->info().max_am_header;
   if (max_header == 0 || header.size() <= max_header) {
     op->header.assign(header.begin(), header.end());
-    ucp_request_param_t param = requestParam(*worker_, op, payload.data, payload.size, payload.memory);
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_REPLY;
-    track(ucp_am_send_nbx(state_->ep, kAmMessage, op->header.data(), op->header.size(), payload.data,
-                          payload.size, &param),
-          op);
-    return;
+    op->payload = payload;
+  } else {
+    // The FlatBuffer is larger than UCX's AM header limit: it travels at the front of the data.
+    if (payload.memory != MemoryType::kHost) {
+      complete(op, UCS_ERR_UNSUPPORTED);
+      return;
+    }
+    op->large_header_length = header.size();
+    op->data.resize(header.size() + payload.size);
+    std::memcpy(op->data.data(), header.data(), header.size());
+    if (payload.size) std::memcpy(op->data.data() + header.size(), payload.data, payload.size);
   }
-  // The FlatBuffer is larger than UCX's AM header limit: it travels at the front of the data.
-  if (payload.memory != MemoryType::kHost) {
-    complete(op, UCS_ERR_UNSUPPORTED);
-    return;
-  }
-  op->large_header_length = header.size();
-  op->data.resize(header.size() + payload.size);
-  std::memcpy(op->data.data(), header.data(), header.size());
-  if (payload.size) std::memcpy(op->data.data() + header.size(), payload.data, payload.size);
-  ucp_request_param_t param = requestParam(*worker_, op, nullptr, 0, MemoryType::kHost);
-  param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_REPLY;
-  track(ucp_am_send_nbx(state_->ep, kAmLargeHeader, &op->large_header_length, sizeof(uint64_t),
-                        op->data.data(), op->data.size(), &param),
+  if (worker_->amScope() != nullptr) {
+    // Inside an active-message callback UCX only queues sends; issue it right after.
+    worker_->deferFromProgressThread(
+        [](void* arg) {
+          Operation* deferred = static_cast<Operation*>(arg);
+          issueSend(*deferred->worker, deferred);
+        },
         op);
+    op->worker = worker_.get();
+    return;
+  }
+  issueSend(*worker_, op);
 }
 
 void Endpoint::put(ConstBuffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey, Callback done) {
   worker_->post([self = shared_from_this(), local, remote_address, rkey = std::move(rkey),
                  done = std::move(done)]() mutable {
     if (Status usable = self->checkUsable(); !usable) return done(usable);
-    auto* op = new Operation{std::move(done), "put to " + self->peer(), {}, {}, 0};
+    Operation* op = newOperation(std::move(done), "put to", self->state_);
     self->worker_->countSent(local.size);
     ucp_request_param_t param = requestParam(*self->worker_, op, local.data, local.size, local.memory);
     track(ucp_put_nbx(self->state_->ep, local.data, local.size, remote_address, rkey->ucpRkey(), &param), op);
@@ -167,7 +253,7 @@ void Endpoint::get(Buffer local, uint64_t remote_address, std::shared_ptr<Remote
   worker_->post([self = shared_from_this(), local, remote_address, rkey = std::move(rkey),
                  done = std::move(done)]() mutable {
     if (Status usable = self->checkUsable(); !usable) return done(usable);
-    auto* op = new Operation{std::move(done), "get from " + self->peer(), {}, {}, 0};
+    Operation* op = newOperation(std::move(done), "get from", self->state_);
     self->worker_->countReceived(local.size);
     ucp_request_param_t param = requestParam(*self->worker_, op, local.data, local.size, local.memory);
     track(ucp_get_nbx(self->state_->ep, local.data, local.size, remote_address, rkey->ucpRkey(), &param), op);
@@ -177,7 +263,7 @@ void Endpoint::get(Buffer local, uint64_t remote_address, std::shared_ptr<Remote
 void Endpoint::flush(Callback done) {
   worker_->post([self = shared_from_this(), done = std::move(done)]() mutable {
     if (Status usable = self->checkUsable(); !usable) return done(usable);
-    auto* op = new Operation{std::move(done), "flush of " + self->peer(), {}, {}, 0};
+    Operation* op = newOperation(std::move(done), "flush of", self->state_);
     ucp_request_param_t param = requestParam(*self->worker_, op, nullptr, 0, MemoryType::kHost);
     track(ucp_ep_flush_nbx(self->state_->ep, &param), op);
   });

@@ -12,12 +12,31 @@
 
 namespace genie::transport {
 
+HeaderBytes::HeaderBytes(std::span<const std::byte> bytes) : size_(bytes.size()) {
+  if (size_ <= kInline) {
+    if (size_) std::memcpy(inline_, bytes.data(), size_);
+  } else {
+    heap_.assign(bytes.begin(), bytes.end());
+  }
+}
+
+void HeaderBytes::moveFrom(HeaderBytes& other) noexcept {
+  size_ = other.size_;
+  if (size_ <= kInline) {
+    if (size_) std::memcpy(inline_, other.inline_, size_);
+    heap_.clear();
+  } else {
+    heap_ = std::move(other.heap_);
+  }
+  other.size_ = 0;
+}
+
 InboundMessage::InboundMessage(std::shared_ptr<Worker> worker, std::shared_ptr<Endpoint> endpoint,
                                std::span<const std::byte> header, void* payload_desc,
                                size_t payload_size, bool payload_is_rndv)
     : worker_(std::move(worker)),
       endpoint_(std::move(endpoint)),
-      header_(header.begin(), header.end()),
+      header_(header),
       payload_size_(payload_size) {
   payload_.desc = payload_desc;
   payload_.size = payload_size;

@@ -203,12 +203,19 @@ Result<std::shared_ptr<Worker>> Worker::create(const WorkerConfig& config) {
 
 Status Worker::init() {
   progress_thread_id_ = std::this_thread::get_id();
+  // The transports asked for: Genie's setting, else UCX's own environment variable.
+  const char* env_tls = std::getenv("UCX_TLS");
+  const std::string requested_tls = !config_.tls.empty() ? config_.tls : (env_tls ? env_tls : "");
+  std::string tls = effectiveTls(requested_tls);
+  if (tls != requested_tls) {
+    // Shared memory asked for, tcp added only to set up connections: keep tcp out of the
+    // rendezvous (RMA) lanes so that large payloads move by cma. A UCT setting, which
+    // ucp_config_modify does not reach; an explicit UCX_TCP_PUT_ENABLE wins.
+    setenv("UCX_TCP_PUT_ENABLE", "n", /*overwrite=*/0);
+  }
   ucp_config_t* ucx_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &ucx_config);
   if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_config_read");
-  // The transports asked for: Genie's setting, else UCX's own environment variable.
-  const char* env_tls = std::getenv("UCX_TLS");
-  std::string tls = effectiveTls(!config_.tls.empty() ? config_.tls : (env_tls ? env_tls : ""));
   auto modify = [&](const char* name, const std::string& value) -> Status {
     ucs_status_t s = ucp_config_modify(ucx_config, name, value.c_str());
     if (s != UCS_OK) return GENIE_UCX_STATUS(s, "UCX setting {}={}", name, value);
@@ -228,6 +235,9 @@ Status Worker::init() {
   }
   // Shared-memory transports refuse endpoints with peer error handling unless asked.
   if (status && usesSharedMemory(tls)) status = modify("MM_ERROR_HANDLING", "y");
+  // Shared memory asked for, tcp added only to set up connections: keep tcp out of the
+  // rendezvous (RMA) lanes so that large payloads move by cma / shared memory.
+
   if (!status) {
     ucp_config_release(ucx_config);
     return status;
@@ -320,6 +330,7 @@ void Worker::shutdown() {
   }
   progress_thread_id_ = std::this_thread::get_id();
   runPostedTasks();
+  runDeferred();
   // Force-close every endpoint: their pending requests complete with an error now.
   std::vector<std::shared_ptr<EndpointState>> open;
   for (auto& [ep, state] : endpoints_) open.push_back(state);
@@ -362,13 +373,32 @@ unsigned Worker::runPostedTasks() {
 unsigned Worker::progress() {
   unsigned events = runPostedTasks();
   events += ucp_worker_progress(worker_);
+  events += runDeferred();
   events += progressCloses();
   return events;
 }
 
+unsigned Worker::runDeferred() {
+  if (deferred_.empty()) return 0;
+  running_deferred_.swap(deferred_);
+  for (auto& [fn, arg] : running_deferred_) fn(arg);
+  unsigned n = static_cast<unsigned>(running_deferred_.size());
+  running_deferred_.clear();
+  return n;
+}
+
 void Worker::post(std::function<void()> task) {
-  if (isProgressThread() && am_scope_ == nullptr) {
-    task();
+  if (isProgressThread()) {
+    if (am_scope_ == nullptr) {
+      task();
+    } else {
+      deferFromProgressThread(
+          [](void* arg) {
+            std::unique_ptr<std::function<void()>> deferred(static_cast<std::function<void()>*>(arg));
+            (*deferred)();
+          },
+          new std::function<void()>(std::move(task)));
+    }
     return;
   }
   if (shut_down_) {

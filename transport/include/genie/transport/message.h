@@ -19,6 +19,28 @@ namespace genie::transport {
 class Endpoint;
 class Worker;
 
+/// A message header, owned: inline up to kInline bytes (no allocation on the hot path),
+/// on the heap beyond. Storage is 16-byte aligned, as FlatBuffers verification requires.
+class HeaderBytes {
+ public:
+  static constexpr size_t kInline = 240;
+  HeaderBytes() = default;
+  explicit HeaderBytes(std::span<const std::byte> bytes);
+  HeaderBytes(HeaderBytes&& other) noexcept { moveFrom(other); }
+  HeaderBytes& operator=(HeaderBytes&& other) noexcept {
+    if (this != &other) moveFrom(other);
+    return *this;
+  }
+  const std::byte* data() const { return size_ <= kInline ? inline_ : heap_.data(); }
+  size_t size() const { return size_; }
+
+ private:
+  void moveFrom(HeaderBytes& other) noexcept;
+  alignas(16) std::byte inline_[kInline];
+  std::vector<std::byte> heap_;
+  size_t size_ = 0;
+};
+
 class InboundMessage {
  public:
   InboundMessage() = default;
@@ -65,7 +87,7 @@ class InboundMessage {
 
   std::shared_ptr<Worker> worker_;
   std::shared_ptr<Endpoint> endpoint_;
-  std::vector<std::byte> header_;
+  HeaderBytes header_;
   Payload payload_;
   size_t payload_size_ = 0;
 };

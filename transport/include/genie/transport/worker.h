@@ -125,6 +125,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
   void onEndpointErrorFromProgressThread(EndpointState* state, Status status);
   /// Starts closing an endpoint: graceful (flush) or forced; bounded by close_timeout.
   void closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force);
+  /// Runs fn(arg) on the progress thread after the current ucp_worker_progress() returns
+  /// (UCX only queues operations started inside its callbacks). Progress thread only.
+  void deferFromProgressThread(void (*fn)(void*), void* arg) { deferred_.push_back({fn, arg}); }
   /// Non-null while an active-message callback runs (see worker_internal.h).
   struct AmCallbackScope* amScope() const { return am_scope_; }
   uint64_t amGeneration() const { return am_generation_; }
@@ -134,6 +137,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
   Status init();
   void progressThreadMain();
   unsigned progressCloses();
+  unsigned runDeferred();
   unsigned runPostedTasks();
   std::shared_ptr<Endpoint> makeEndpointFromProgressThread(ucp_ep_h ep, std::string peer);
   std::shared_ptr<Endpoint> endpointFor(ucp_ep_h ep);
@@ -176,6 +180,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   // Progress thread only: every open ucp endpoint and its state.
   std::unordered_map<ucp_ep_h, std::shared_ptr<EndpointState>> endpoints_;
   std::vector<PendingClose> pending_closes_;
+  std::vector<std::pair<void (*)(void*), void*>> deferred_;       // progress thread only
+  std::vector<std::pair<void (*)(void*), void*>> running_deferred_;
   AmCallbackScope* am_scope_ = nullptr;
   uint64_t am_generation_ = 0;
 

@@ -7,6 +7,9 @@ find_package(PkgConfig REQUIRED)
 set(GENIE_UCX_PKG_CONFIG_PATH "" CACHE PATH "Extra folder searched for ucx.pc (e.g. libucx-cu13's)")
 if(GENIE_UCX_PKG_CONFIG_PATH)
   set(ENV{PKG_CONFIG_PATH} "${GENIE_UCX_PKG_CONFIG_PATH}:$ENV{PKG_CONFIG_PATH}")
+  # Wheels (libucx-cu13) ship .pc files whose prefix is their build machine's: derive the
+  # prefix from where the .pc file is instead.
+  set(PKG_CONFIG_ARGN --define-prefix)
 endif()
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 message(STATUS "UCX ${UCX_VERSION} from ${UCX_PREFIX} (libs: ${UCX_LINK_LIBRARIES})")

@@ -520,16 +520,16 @@ void Worker::closeEndpointFromProgressThread(const std::shared_ptr<EndpointState
   state->closed = true;
   auto deadline = std::chrono::steady_clock::now() + config_.close_timeout;
   if (!force) {
-    // Graceful: flush what is pending first, bounded by close_timeout (progressCloses).
+    // Graceful: flush what is pending first, bounded by close_timeout, then force-close
+    // (progressCloses).
     ucp_request_param_t param{};
     ucs_status_ptr_t flush = ucp_ep_flush_nbx(state->ep, &param);
     if (UCS_PTR_IS_PTR(flush)) {
       pending_closes_.push_back({state, flush, deadline, PendingClose::Phase::kFlushing});
       return;
     }
-    force = UCS_PTR_IS_ERR(flush);
   }
-  issueCloseFromProgressThread(state, force, deadline);
+  issueCloseFromProgressThread(state, /*force=*/true, deadline);
 }
 
 void Worker::issueCloseFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force,
@@ -563,13 +563,14 @@ unsigned Worker::progressCloses() {
     ++events;
     ucp_request_free(close.request);  // released by UCX once it completes
     if (close.phase == PendingClose::Phase::kFlushing) {
-      // Flushed (or failed, or timed out): close, forcibly unless the flush succeeded, so
-      // that whatever is still pending completes with an error now.
+      // Flushed, failed, or timed out: force-close, so that whatever is still pending (a
+      // rendezvous the peer never pulled) completes with an error now. A graceful UCX close
+      // could wait on a silent peer forever.
       if (st == UCS_INPROGRESS) {
         SPDLOG_WARN("flushing the endpoint to {} took over {} ms: force-closing it", close.state->peer,
                     config_.close_timeout.count());
       }
-      issueCloseFromProgressThread(close.state, /*force=*/st != UCS_OK, now + config_.close_timeout);
+      issueCloseFromProgressThread(close.state, /*force=*/true, now + config_.close_timeout);
       continue;
     }
     if (st == UCS_INPROGRESS) {

@@ -29,9 +29,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The project's virtual environment (torch joins it with the Python frontend).
+# The project's virtual environment: the one torch that both the C++ side (find_package
+# through torch.utils.cmake_prefix_path) and, later, the Python frontend use. PyPI's torch is
+# a CUDA build of several GB: pip's cache keeps reinstalls fast.
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch into .venv (first time: several GB, minutes)"
+  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements.txt
 fi
 if ! .venv/bin/python -c "import pytest" 2>/dev/null; then
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt

@@ -1,0 +1,451 @@
+#include "genie/node/executor.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/stack.h>
+#include <ATen/ScalarOps.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <optional>
+
+namespace genie::node {
+
+using wire::Value;
+
+std::string ExecutionError::toString() const {
+  if (op_index < 0) return fmt::format("{}: {}", wire::errorCodeName(code), message);
+  return fmt::format("{}: op {} ({}): {}", wire::errorCodeName(code), op_index, op_name, message);
+}
+
+/// How one schema argument gets its IValue at run time.
+struct BoundArgument {
+  enum class Kind : uint8_t {
+    kLiteral,             // `literal` as is (ints, floats, None, dtype, device, ...)
+    kTensor,              // values[value]
+    kTensorList,          // values[ids...]
+    kOptionalTensorList,  // values[ids...], -1 = None
+    kIntListWithSlots,    // ints, some taken from scalar slots
+    kScalarSlot,          // scalars[slot], converted to `slot_as`
+  };
+  enum class SlotAs : uint8_t { kInt, kFloat, kBool, kNumber };
+
+  Kind kind = Kind::kLiteral;
+  c10::IValue literal;
+  uint32_t value = 0;
+  std::vector<int64_t> ids;
+  std::vector<int32_t> slots;
+  int32_t slot = -1;
+  SlotAs slot_as = SlotAs::kNumber;
+};
+
+namespace {
+
+// ---- dtypes ---------------------------------------------------------------------------
+
+struct DTypePair {
+  wire::DType wire;
+  c10::ScalarType torch;
+};
+
+constexpr DTypePair kDTypes[] = {
+    {wire::DType::Float32, c10::ScalarType::Float},
+    {wire::DType::Float64, c10::ScalarType::Double},
+    {wire::DType::Float16, c10::ScalarType::Half},
+    {wire::DType::BFloat16, c10::ScalarType::BFloat16},
+    {wire::DType::Int8, c10::ScalarType::Char},
+    {wire::DType::Int16, c10::ScalarType::Short},
+    {wire::DType::Int32, c10::ScalarType::Int},
+    {wire::DType::Int64, c10::ScalarType::Long},
+    {wire::DType::UInt8, c10::ScalarType::Byte},
+    {wire::DType::Bool, c10::ScalarType::Bool},
+    {wire::DType::Complex64, c10::ScalarType::ComplexFloat},
+    {wire::DType::Complex128, c10::ScalarType::ComplexDouble},
+    {wire::DType::Float8_e4m3fn, c10::ScalarType::Float8_e4m3fn},
+    {wire::DType::Float8_e5m2, c10::ScalarType::Float8_e5m2},
+    {wire::DType::UInt16, c10::ScalarType::UInt16},
+    {wire::DType::UInt32, c10::ScalarType::UInt32},
+    {wire::DType::UInt64, c10::ScalarType::UInt64},
+};
+
+// ---- compile: wire argument -> BoundArgument ------------------------------------------
+
+class Binder {
+ public:
+  Binder(c10::Device device, uint32_t first_output_value) : device_(device), limit_(first_output_value) {}
+
+  /// Binds `value` to an argument of `type`; on failure returns a message.
+  std::optional<std::string> bind(const c10::Argument& argument, const c10::TypePtr& type,
+                                  const wire::Argument& wire_arg, BoundArgument& out) const {
+    const Value kind = wire_arg.value_type();
+    if (type->kind() == c10::TypeKind::OptionalType) {
+      if (kind == Value::NoneValue) {
+        out.literal = c10::IValue();
+        return std::nullopt;
+      }
+      return bind(argument, type->castRaw<c10::OptionalType>()->getElementType(), wire_arg, out);
+    }
+    if (kind == Value::ScalarInputValue) return bindSlot(type, wire_arg.value_as_ScalarInputValue()->slot(), out);
+    switch (type->kind()) {
+      case c10::TypeKind::TensorType:
+        if (kind != Value::TensorValue) break;
+        out.kind = BoundArgument::Kind::kTensor;
+        out.value = wire_arg.value_as_TensorValue()->value();
+        if (out.value >= limit_) return fmt::format("refers to value {}, not produced before this op", out.value);
+        return std::nullopt;
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType:
+        if (kind == Value::IntValue) return literal(wire_arg.value_as_IntValue()->v(), out);
+        break;
+      case c10::TypeKind::FloatType:
+      case c10::TypeKind::SymFloatType:
+        if (kind == Value::DoubleValue) return literal(wire_arg.value_as_DoubleValue()->v(), out);
+        if (kind == Value::IntValue) return literal(static_cast<double>(wire_arg.value_as_IntValue()->v()), out);
+        break;
+      case c10::TypeKind::BoolType:
+      case c10::TypeKind::SymBoolType:
+        if (kind == Value::BoolValue) return literal(wire_arg.value_as_BoolValue()->v(), out);
+        break;
+      case c10::TypeKind::NumberType:
+        if (kind == Value::IntValue) return literal(wire_arg.value_as_IntValue()->v(), out);
+        if (kind == Value::DoubleValue) return literal(wire_arg.value_as_DoubleValue()->v(), out);
+        if (kind == Value::BoolValue) return literal(wire_arg.value_as_BoolValue()->v(), out);
+        [[fallthrough]];
+      case c10::TypeKind::ComplexType:
+        if (kind == Value::ComplexValue) {
+          const auto* c = wire_arg.value_as_ComplexValue();
+          return literal(c10::complex<double>(c->re(), c->im()), out);
+        }
+        break;
+      case c10::TypeKind::StringType:
+        if (kind == Value::StringValue) return literal(std::string(wire::stringOf(wire_arg.value_as_StringValue()->v())), out);
+        break;
+      case c10::TypeKind::ScalarTypeType: {
+        if (kind == Value::IntValue) return literal(wire_arg.value_as_IntValue()->v(), out);
+        if (kind != Value::DTypeValue) break;
+        auto dtype = Executor::scalarType(wire_arg.value_as_DTypeValue()->v());
+        if (!dtype) return std::string("dtype Undefined is not a torch dtype");
+        return literal(static_cast<int64_t>(*dtype), out);
+      }
+      case c10::TypeKind::LayoutType:
+        if (kind == Value::LayoutValue) return literal(static_cast<int64_t>(wire_arg.value_as_LayoutValue()->v()), out);
+        if (kind == Value::IntValue) return literal(wire_arg.value_as_IntValue()->v(), out);
+        break;
+      case c10::TypeKind::MemoryFormatType:
+        if (kind == Value::MemoryFormatValue) {
+          return literal(static_cast<int64_t>(wire_arg.value_as_MemoryFormatValue()->v()), out);
+        }
+        if (kind == Value::IntValue) return literal(wire_arg.value_as_IntValue()->v(), out);
+        break;
+      case c10::TypeKind::DeviceObjType:
+        // The documented rewrite: whatever device the client named, tensors live here.
+        if (kind == Value::DeviceValue || kind == Value::StringValue) return literal(device_, out);
+        break;
+      case c10::TypeKind::ListType:
+        return bindList(argument, type->castRaw<c10::ListType>()->getElementType(), wire_arg, out);
+      default:
+        return fmt::format("argument type {} is not supported by the executor", type->str());
+    }
+    return fmt::format("expects {}, got {}", type->str(), wire::EnumNameValue(kind));
+  }
+
+ private:
+  template <typename T>
+  static std::optional<std::string> literal(T v, BoundArgument& out) {
+    out.kind = BoundArgument::Kind::kLiteral;
+    out.literal = c10::IValue(std::move(v));
+    return std::nullopt;
+  }
+
+  std::optional<std::string> bindSlot(const c10::TypePtr& type, uint32_t slot, BoundArgument& out) const {
+    out.kind = BoundArgument::Kind::kScalarSlot;
+    out.slot = static_cast<int32_t>(slot);
+    switch (type->kind()) {
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType: out.slot_as = BoundArgument::SlotAs::kInt; return std::nullopt;
+      case c10::TypeKind::FloatType:
+      case c10::TypeKind::SymFloatType: out.slot_as = BoundArgument::SlotAs::kFloat; return std::nullopt;
+      case c10::TypeKind::BoolType:
+      case c10::TypeKind::SymBoolType: out.slot_as = BoundArgument::SlotAs::kBool; return std::nullopt;
+      case c10::TypeKind::NumberType: out.slot_as = BoundArgument::SlotAs::kNumber; return std::nullopt;
+      default: return fmt::format("a scalar input cannot fill an argument of type {}", type->str());
+    }
+  }
+
+  std::optional<std::string> bindList(const c10::Argument& argument, const c10::TypePtr& element,
+                                      const wire::Argument& wire_arg, BoundArgument& out) const {
+    const Value kind = wire_arg.value_type();
+    const c10::TypeKind ek = element->kind();
+    if (ek == c10::TypeKind::IntType || ek == c10::TypeKind::SymIntType) {
+      if (kind == Value::IntValue && argument.N()) {
+        // `int[2] stride=1` given as one int: repeat it, as PyTorch's argument parser does.
+        return literal(c10::List<int64_t>(std::vector<int64_t>(*argument.N(), wire_arg.value_as_IntValue()->v())), out);
+      }
+      if (kind != Value::IntListValue) return fmt::format("expects {}[], got {}", element->str(), wire::EnumNameValue(kind));
+      const auto* list = wire_arg.value_as_IntListValue();
+      std::vector<int64_t> ints = list->v() ? std::vector<int64_t>(list->v()->begin(), list->v()->end()) : std::vector<int64_t>{};
+      const auto* slots = list->scalar_slots();
+      if (slots == nullptr || slots->size() == 0) return literal(c10::List<int64_t>(ints), out);
+      out.kind = BoundArgument::Kind::kIntListWithSlots;
+      out.ids = std::move(ints);
+      out.slots.assign(slots->begin(), slots->end());
+      return std::nullopt;
+    }
+    if (ek == c10::TypeKind::FloatType) {
+      if (kind != Value::DoubleListValue) return fmt::format("expects float[], got {}", wire::EnumNameValue(kind));
+      const auto* v = wire_arg.value_as_DoubleListValue()->v();
+      return literal(c10::List<double>(v ? std::vector<double>(v->begin(), v->end()) : std::vector<double>{}), out);
+    }
+    if (ek == c10::TypeKind::BoolType) {
+      if (kind != Value::BoolListValue) return fmt::format("expects bool[], got {}", wire::EnumNameValue(kind));
+      const auto* v = wire_arg.value_as_BoolListValue()->v();
+      c10::List<bool> bools;
+      for (uint32_t i = 0; v && i < v->size(); ++i) bools.push_back(v->Get(i));
+      return literal(std::move(bools), out);
+    }
+    if (ek == c10::TypeKind::TensorType) {
+      if (kind != Value::TensorListValue) return fmt::format("expects Tensor[], got {}", wire::EnumNameValue(kind));
+      const auto* v = wire_arg.value_as_TensorListValue()->values();
+      out.kind = BoundArgument::Kind::kTensorList;
+      for (uint32_t i = 0; v && i < v->size(); ++i) {
+        if (v->Get(i) >= limit_) return fmt::format("refers to value {}, not produced before this op", v->Get(i));
+        out.ids.push_back(v->Get(i));
+      }
+      return std::nullopt;
+    }
+    if (ek == c10::TypeKind::OptionalType &&
+        element->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType) {
+      if (kind != Value::OptionalTensorListValue && kind != Value::TensorListValue) {
+        return fmt::format("expects Tensor?[], got {}", wire::EnumNameValue(kind));
+      }
+      out.kind = BoundArgument::Kind::kOptionalTensorList;
+      if (kind == Value::TensorListValue) {
+        const auto* v = wire_arg.value_as_TensorListValue()->values();
+        for (uint32_t i = 0; v && i < v->size(); ++i) out.ids.push_back(v->Get(i));
+      } else {
+        const auto* v = wire_arg.value_as_OptionalTensorListValue()->values();
+        for (uint32_t i = 0; v && i < v->size(); ++i) out.ids.push_back(v->Get(i));
+      }
+      for (int64_t id : out.ids) {
+        if (id >= static_cast<int64_t>(limit_)) return fmt::format("refers to value {}, not produced before this op", id);
+      }
+      return std::nullopt;
+    }
+    return fmt::format("argument type {}[] is not supported by the executor", element->str());
+  }
+
+  c10::Device device_;
+  uint32_t limit_;
+};
+
+std::string operatorName(const wire::Node& node) {
+  std::string_view overload = wire::stringOf(node.overload());
+  return fmt::format("{}.{}", wire::stringOf(node.op()), overload.empty() ? "default" : overload);
+}
+
+/// Flattens an op's returns into tensors: Tensor, Tensor[], tuples of them; a scalar becomes
+/// a 0-dim CPU tensor; None an undefined tensor.
+void flattenReturns(const c10::IValue& value, std::vector<at::Tensor>& out) {
+  if (value.isTensor()) {
+    out.push_back(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) out.push_back(t);
+  } else if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements()) flattenReturns(element, out);
+  } else if (value.isNone()) {
+    out.emplace_back();
+  } else if (value.isScalar()) {
+    out.push_back(c10::scalar_to_tensor(value.toScalar()));
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) flattenReturns(element, out);
+  } else {
+    out.emplace_back();
+  }
+}
+
+}  // namespace
+
+// ---- Executor -------------------------------------------------------------------------
+
+Executor::Executor(c10::Device device) : device_(device) {}
+
+std::optional<c10::ScalarType> Executor::scalarType(wire::DType dtype) {
+  for (const auto& pair : kDTypes) {
+    if (pair.wire == dtype) return pair.torch;
+  }
+  return std::nullopt;
+}
+
+wire::DType Executor::wireDType(c10::ScalarType type) {
+  for (const auto& pair : kDTypes) {
+    if (pair.torch == type) return pair.wire;
+  }
+  return wire::DType::Undefined;
+}
+
+ExecResult<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph& graph) const {
+  auto compiled = std::make_shared<CompiledGraph>();
+  compiled->num_inputs_ = graph.inputs() ? graph.inputs()->size() : 0;
+  compiled->num_scalar_inputs_ = graph.num_scalar_inputs();
+  uint64_t next_value = compiled->num_inputs_;
+  const auto* nodes = graph.nodes();
+  for (uint32_t index = 0; nodes && index < nodes->size(); ++index) {
+    const wire::Node& wire_node = *nodes->Get(index);
+    std::string name = operatorName(wire_node);
+    auto fail = [&](wire::ErrorCode code, std::string message) {
+      return ExecutionError{code, static_cast<int32_t>(index), name, std::move(message)};
+    };
+    std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(
+        {std::string(wire::stringOf(wire_node.op())), std::string(wire::stringOf(wire_node.overload()))});
+    if (!op) return fail(wire::ErrorCode::UnknownOp, "no such operator or overload is registered");
+    const auto& schema_args = op->schema().arguments();
+    std::vector<const wire::Argument*> assigned(schema_args.size(), nullptr);
+    size_t positional = 0;
+    const auto* args = wire_node.args();
+    for (uint32_t a = 0; args && a < args->size(); ++a) {
+      const wire::Argument* arg = args->Get(a);
+      std::string_view arg_name = wire::stringOf(arg->name());
+      size_t slot = 0;
+      if (arg_name.empty()) {
+        while (positional < schema_args.size() && schema_args[positional].kwarg_only()) ++positional;
+        if (positional >= schema_args.size()) {
+          return fail(wire::ErrorCode::SchemaMismatch,
+                      fmt::format("{} positional arguments given, the schema takes {}", a + 1, schema_args.size()));
+        }
+        slot = positional++;
+      } else {
+        auto found = std::find_if(schema_args.begin(), schema_args.end(),
+                                  [&](const c10::Argument& s) { return s.name() == arg_name; });
+        if (found == schema_args.end()) {
+          return fail(wire::ErrorCode::SchemaMismatch, fmt::format("the schema has no argument '{}'", arg_name));
+        }
+        slot = static_cast<size_t>(found - schema_args.begin());
+      }
+      if (assigned[slot] != nullptr) {
+        return fail(wire::ErrorCode::SchemaMismatch, fmt::format("argument '{}' given twice", schema_args[slot].name()));
+      }
+      assigned[slot] = arg;
+    }
+    CompiledGraph::Node node{*op, name, {}, wire_node.num_outputs(), static_cast<uint32_t>(next_value)};
+    Binder binder(device_, static_cast<uint32_t>(next_value));
+    node.arguments.resize(schema_args.size());
+    for (size_t s = 0; s < schema_args.size(); ++s) {
+      const c10::Argument& schema_arg = schema_args[s];
+      if (assigned[s] == nullptr) {
+        if (!schema_arg.default_value()) {
+          return fail(wire::ErrorCode::SchemaMismatch, fmt::format("missing argument '{}' ({})", schema_arg.name(),
+                                                                  schema_arg.type()->str()));
+        }
+        node.arguments[s].literal = *schema_arg.default_value();
+        // A device default (e.g. None) stays; devices given explicitly are rewritten.
+        continue;
+      }
+      if (auto error = binder.bind(schema_arg, schema_arg.real_type(), *assigned[s], node.arguments[s])) {
+        return fail(wire::ErrorCode::SchemaMismatch, fmt::format("argument '{}': {}", schema_arg.name(), *error));
+      }
+      const BoundArgument& bound = node.arguments[s];
+      if (bound.kind == BoundArgument::Kind::kScalarSlot && bound.slot >= static_cast<int32_t>(compiled->num_scalar_inputs_)) {
+        return fail(wire::ErrorCode::SchemaMismatch, fmt::format("argument '{}': scalar slot {} out of range",
+                                                                schema_arg.name(), bound.slot));
+      }
+    }
+    next_value += node.num_outputs;
+    compiled->nodes_.push_back(std::move(node));
+  }
+  compiled->num_values_ = next_value;
+  return std::shared_ptr<const CompiledGraph>(std::move(compiled));
+}
+
+namespace {
+
+c10::IValue slotValue(const ScalarSlotValue& value, BoundArgument::SlotAs as) {
+  return std::visit(
+      [as](auto v) -> c10::IValue {
+        switch (as) {
+          case BoundArgument::SlotAs::kInt: return c10::IValue(static_cast<int64_t>(v));
+          case BoundArgument::SlotAs::kFloat: return c10::IValue(static_cast<double>(v));
+          case BoundArgument::SlotAs::kBool: return c10::IValue(static_cast<bool>(v));
+          case BoundArgument::SlotAs::kNumber: return c10::IValue(v);
+        }
+        return c10::IValue(v);
+      },
+      value);
+}
+
+int64_t slotInt(const ScalarSlotValue& value) {
+  return std::visit([](auto v) { return static_cast<int64_t>(v); }, value);
+}
+
+}  // namespace
+
+ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
+                                                  std::span<const ScalarSlotValue> scalars) const {
+  if (inputs.size() != graph.numInputs()) {
+    return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
+                          fmt::format("the graph takes {} tensor inputs, {} given", graph.numInputs(), inputs.size())};
+  }
+  if (scalars.size() != graph.numScalarInputs()) {
+    return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
+                          fmt::format("the graph takes {} scalars, {} given", graph.numScalarInputs(), scalars.size())};
+  }
+  std::vector<at::Tensor> values(graph.numValues());
+  std::copy(inputs.begin(), inputs.end(), values.begin());
+  torch::jit::Stack stack;
+  std::vector<at::Tensor> outputs;
+  const auto& nodes = graph.nodes();
+  for (size_t index = 0; index < nodes.size(); ++index) {
+    const CompiledGraph::Node& node = nodes[index];
+    stack.clear();
+    stack.reserve(node.arguments.size());
+    for (const BoundArgument& arg : node.arguments) {
+      switch (arg.kind) {
+        case BoundArgument::Kind::kLiteral: stack.push_back(arg.literal); break;
+        case BoundArgument::Kind::kTensor: stack.emplace_back(values[arg.value]); break;
+        case BoundArgument::Kind::kTensorList: {
+          c10::List<at::Tensor> list;
+          list.reserve(arg.ids.size());
+          for (int64_t id : arg.ids) list.push_back(values[id]);
+          stack.emplace_back(std::move(list));
+          break;
+        }
+        case BoundArgument::Kind::kOptionalTensorList: {
+          c10::List<std::optional<at::Tensor>> list;
+          list.reserve(arg.ids.size());
+          for (int64_t id : arg.ids) list.push_back(id < 0 ? std::nullopt : std::optional<at::Tensor>(values[id]));
+          stack.emplace_back(std::move(list));
+          break;
+        }
+        case BoundArgument::Kind::kIntListWithSlots: {
+          std::vector<int64_t> ints = arg.ids;
+          for (size_t i = 0; i < arg.slots.size() && i < ints.size(); ++i) {
+            if (arg.slots[i] >= 0) ints[i] = slotInt(scalars[arg.slots[i]]);
+          }
+          stack.emplace_back(c10::List<int64_t>(ints));
+          break;
+        }
+        case BoundArgument::Kind::kScalarSlot: stack.push_back(slotValue(scalars[arg.slot], arg.slot_as)); break;
+      }
+    }
+    auto fail = [&](wire::ErrorCode code, std::string message) {
+      return ExecutionError{code, static_cast<int32_t>(index), node.name, std::move(message)};
+    };
+    try {
+      node.op.callBoxed(stack);
+    } catch (const c10::OutOfMemoryError& e) {
+      return fail(wire::ErrorCode::OutOfMemory, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      return fail(wire::ErrorCode::TorchError, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return fail(wire::ErrorCode::TorchError, e.what());
+    }
+    outputs.clear();
+    for (const c10::IValue& value : stack) flattenReturns(value, outputs);
+    if (outputs.size() != node.num_outputs) {
+      return fail(wire::ErrorCode::SchemaMismatch, fmt::format("produced {} tensors, the graph expects {}",
+                                                              outputs.size(), node.num_outputs));
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) values[node.first_output_value + k] = std::move(outputs[k]);
+  }
+  return values;
+}
+
+}  // namespace genie::node

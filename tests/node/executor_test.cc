@@ -1,0 +1,289 @@
+// The executor against libtorch eager, in-process: the same ops called directly must give
+// the same tensors (exactly, on CPU, for the same kernels; attention within a tolerance).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "genie/node/executor.h"
+#include "graph_builder.h"
+
+namespace genie::node {
+namespace {
+
+using namespace testing;
+using wire::DType;
+
+struct Compiled {
+  flatbuffers::DetachedBuffer bytes;
+  std::shared_ptr<const CompiledGraph> graph;
+};
+
+/// Verifies, checks and compiles; fails the test on any error.
+Compiled compileOrFail(const Executor& executor, GraphBuilder& builder) {
+  Compiled out{builder.finish(), nullptr};
+  auto verified = wire::verifyGraph(wire::bytesOf(out.bytes));
+  EXPECT_TRUE(verified.isOk()) << verified.status().toString();
+  if (!verified) return out;
+  auto compiled = executor.compile(**verified);
+  if (auto* error = std::get_if<ExecutionError>(&compiled)) {
+    ADD_FAILURE() << error->toString();
+    return out;
+  }
+  out.graph = std::get<std::shared_ptr<const CompiledGraph>>(compiled);
+  return out;
+}
+
+std::vector<at::Tensor> runOrFail(const Executor& executor, const CompiledGraph& graph,
+                                  std::vector<at::Tensor> inputs, std::vector<ScalarSlotValue> scalars = {}) {
+  auto result = executor.run(graph, inputs, scalars);
+  if (auto* error = std::get_if<ExecutionError>(&result)) {
+    ADD_FAILURE() << error->toString();
+    return {};
+  }
+  return std::get<std::vector<at::Tensor>>(result);
+}
+
+ExecutionError compileError(const Executor& executor, GraphBuilder& builder) {
+  auto bytes = builder.finish();
+  auto verified = wire::verifyGraph(wire::bytesOf(bytes));
+  EXPECT_TRUE(verified.isOk()) << verified.status().toString();
+  auto compiled = executor.compile(**verified);
+  EXPECT_TRUE(std::holds_alternative<ExecutionError>(compiled)) << "compiled although it should not";
+  return std::holds_alternative<ExecutionError>(compiled) ? std::get<ExecutionError>(compiled) : ExecutionError{};
+}
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { at::manual_seed(0); }
+  Executor executor{c10::Device(c10::kCPU)};
+};
+
+TEST_F(ExecutorTest, MatmulAddReluChainEqualsEager) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {4, 8});
+  uint32_t w = g.input(DType::Float32, {8, 16});
+  uint32_t b = g.input(DType::Float32, {16});
+  uint32_t mm = g.op("aten::mm", "", {T(x), T(w)});
+  uint32_t add = g.op("aten::add", "Tensor", {T(mm), T(b)});
+  uint32_t relu = g.op("aten::relu", "", {T(add)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::randn({4, 8}), tw = at::randn({8, 16}), tb = at::randn({16});
+  auto values = runOrFail(executor, *compiled.graph, {tx, tw, tb});
+  ASSERT_EQ(values.size(), 6u);
+  EXPECT_TRUE(at::equal(values[relu], at::relu(at::mm(tx, tw) + tb)));
+}
+
+TEST_F(ExecutorTest, TwoLayerMlpEqualsEager) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {32, 64});
+  uint32_t w1 = g.input(DType::Float32, {128, 64});
+  uint32_t b1 = g.input(DType::Float32, {128});
+  uint32_t w2 = g.input(DType::Float32, {10, 128});
+  uint32_t b2 = g.input(DType::Float32, {10});
+  uint32_t h = g.op("aten::linear", "", {T(x), T(w1), T(b1)});
+  uint32_t r = g.op("aten::relu", "", {T(h)});
+  uint32_t y = g.op("aten::linear", "", {T(r), T(w2), T(b2)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> in = {at::randn({32, 64}), at::randn({128, 64}), at::randn({128}), at::randn({10, 128}),
+                                at::randn({10})};
+  auto values = runOrFail(executor, *compiled.graph, in);
+  ASSERT_FALSE(values.empty());
+  at::Tensor expected = at::linear(at::relu(at::linear(in[0], in[1], in[2])), in[3], in[4]);
+  EXPECT_TRUE(at::equal(values[y], expected));
+}
+
+TEST_F(ExecutorTest, ConvBatchNormPoolEqualsEager) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 3, 16, 16});
+  uint32_t w = g.input(DType::Float32, {8, 3, 3, 3});
+  uint32_t mean = g.input(DType::Float32, {8});
+  uint32_t var = g.input(DType::Float32, {8});
+  uint32_t gamma = g.input(DType::Float32, {8});
+  uint32_t beta = g.input(DType::Float32, {8});
+  uint32_t conv = g.op("aten::conv2d", "", {T(x), T(w), None(), Ints({1, 1}), Ints({1, 1})});
+  uint32_t bn = g.op("aten::batch_norm", "",
+                     {T(conv), T(gamma), T(beta), T(mean), T(var), B(false), D(0.1), D(1e-5), B(false)});
+  uint32_t relu = g.op("aten::relu", "", {T(bn)});
+  uint32_t pool = g.op("aten::max_pool2d", "", {T(relu), Ints({2, 2}), Named("stride", I(2))});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> in = {at::randn({2, 3, 16, 16}), at::randn({8, 3, 3, 3}), at::randn({8}),
+                                at::rand({8}) + 0.5, at::randn({8}), at::randn({8})};
+  auto values = runOrFail(executor, *compiled.graph, in);
+  ASSERT_FALSE(values.empty());
+  at::Tensor expected = at::max_pool2d(
+      at::relu(at::batch_norm(at::conv2d(in[0], in[1], {}, {1, 1}, {1, 1}), in[4], in[5], in[2], in[3], false, 0.1,
+                              1e-5, false)),
+      {2, 2}, {2, 2});
+  EXPECT_EQ(values[pool].sizes(), at::IntArrayRef({2, 8, 8, 8}));
+  EXPECT_TRUE(at::equal(values[pool], expected));
+}
+
+TEST_F(ExecutorTest, AttentionBlockMatchesEagerWithinTolerance) {
+  GraphBuilder g;
+  uint32_t q = g.input(DType::Float32, {2, 4, 16, 32});
+  uint32_t k = g.input(DType::Float32, {2, 4, 16, 32});
+  uint32_t v = g.input(DType::Float32, {2, 4, 16, 32});
+  uint32_t out = g.op("aten::scaled_dot_product_attention", "",
+                      {T(q), T(k), T(v), None(), D(0.0), B(true)});
+  uint32_t t = g.op("aten::transpose", "int", {T(out), I(1), I(2)});
+  uint32_t flat = g.op("aten::reshape", "", {T(t), Ints({2, 16, 128})});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> in = {at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32})};
+  auto values = runOrFail(executor, *compiled.graph, in);
+  ASSERT_FALSE(values.empty());
+  at::Tensor expected =
+      at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, true).transpose(1, 2).reshape({2, 16, 128});
+  EXPECT_TRUE(at::allclose(values[flat], expected, /*rtol=*/1e-5, /*atol=*/1e-6));
+}
+
+TEST_F(ExecutorTest, OpsWithSeveralOutputs) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {6, 5});
+  uint32_t max = g.op("aten::max", "dim", {T(x), I(1), B(false)}, 2);  // (values, indices)
+  uint32_t parts = g.op("aten::split", "Tensor", {T(x), I(2)}, 3);     // Tensor[] of 3
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::randn({6, 5});
+  auto values = runOrFail(executor, *compiled.graph, {tx});
+  ASSERT_EQ(values.size(), 1u + 2u + 3u);
+  auto [expected_values, expected_indices] = at::max(tx, 1);
+  EXPECT_TRUE(at::equal(values[max], expected_values));
+  EXPECT_TRUE(at::equal(values[max + 1], expected_indices));
+  auto expected_parts = at::split(tx, 2);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(values[parts + i], expected_parts[i]));
+}
+
+TEST_F(ExecutorTest, InPlaceOpUpdatesTheResidentTensor) {
+  GraphBuilder g;
+  uint32_t cache = g.input(DType::Float32, {4, 4});
+  uint32_t update = g.input(DType::Float32, {4, 4});
+  uint32_t added = g.op("aten::add_", "Tensor", {T(cache), T(update), Named("alpha", D(2.0))});
+  uint32_t row = g.op("aten::select", "int", {T(cache), I(0), I(1)});
+  uint32_t filled = g.op("aten::fill_", "Scalar", {T(row), D(7.0)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor resident = at::ones({4, 4});
+  at::Tensor before = resident.clone();
+  at::Tensor tu = at::randn({4, 4});
+  auto values = runOrFail(executor, *compiled.graph, {resident, tu});
+  ASSERT_FALSE(values.empty());
+  at::Tensor expected = before.add(tu, 2.0);
+  expected.select(0, 1).fill_(7.0);
+  EXPECT_TRUE(at::equal(resident, expected));  // the input itself changed
+  EXPECT_TRUE(values[added].is_same(resident));
+  EXPECT_TRUE(values[filled].is_alias_of(resident));
+}
+
+TEST_F(ExecutorTest, ScalarSlotsChangeBetweenRuns) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 12});
+  uint32_t length = g.scalarSlot();
+  uint32_t scale = g.scalarSlot();
+  uint32_t view = g.op("aten::view", "", {T(x), Ints({2, -1, 0}, {-1, -1, static_cast<int32_t>(length)})});
+  uint32_t mul = g.op("aten::mul", "Scalar", {T(view), Slot(scale)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::arange(24, at::kFloat).reshape({2, 12});
+  auto a = runOrFail(executor, *compiled.graph, {tx}, {int64_t{3}, 2.0});
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a[mul].sizes(), at::IntArrayRef({2, 4, 3}));
+  EXPECT_TRUE(at::equal(a[mul], tx.view({2, -1, 3}) * 2.0));
+  auto b = runOrFail(executor, *compiled.graph, {tx}, {int64_t{6}, 0.5});
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b[mul].sizes(), at::IntArrayRef({2, 2, 6}));
+  EXPECT_TRUE(at::equal(b[mul], tx.view({2, -1, 6}) * 0.5));
+}
+
+TEST_F(ExecutorTest, DeviceArgumentsAreRewrittenToTheNodesDevice) {
+  GraphBuilder g;
+  uint32_t ones = g.op("aten::ones", "", {Ints({3}), Named("dtype", Dtype(DType::Int64)), Named("device", Device("cuda", 3))});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  auto values = runOrFail(executor, *compiled.graph, {});
+  ASSERT_FALSE(values.empty());
+  EXPECT_EQ(values[ones].device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(values[ones].scalar_type(), at::kLong);
+  EXPECT_TRUE(at::equal(values[ones], at::ones({3}, at::kLong)));
+}
+
+TEST_F(ExecutorTest, UnknownOpIsNamedWithItsIndex) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2});
+  uint32_t r = g.op("aten::relu", "", {T(x)});
+  g.op("aten::frobnicate", "", {T(r)});
+  ExecutionError error = compileError(executor, g);
+  EXPECT_EQ(error.code, wire::ErrorCode::UnknownOp);
+  EXPECT_EQ(error.op_index, 1);
+  EXPECT_EQ(error.op_name, "aten::frobnicate.default");
+  GraphBuilder overload;
+  uint32_t y = overload.input(DType::Float32, {2});
+  overload.op("aten::add", "NoSuchOverload", {T(y), T(y)});
+  EXPECT_EQ(compileError(executor, overload).code, wire::ErrorCode::UnknownOp);
+}
+
+TEST_F(ExecutorTest, ArgumentsThatDoNotFitTheSchemaAreRefused) {
+  {
+    GraphBuilder g;  // a float where a tensor is expected
+    uint32_t x = g.input(DType::Float32, {2});
+    g.op("aten::mm", "", {T(x), D(1.0)});
+    ExecutionError error = compileError(executor, g);
+    EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+    EXPECT_EQ(error.op_name, "aten::mm.default");
+    EXPECT_NE(error.message.find("argument 'mat2'"), std::string::npos) << error.message;
+  }
+  {
+    GraphBuilder g;  // a missing argument
+    uint32_t x = g.input(DType::Float32, {2});
+    g.op("aten::mm", "", {T(x)});
+    ExecutionError error = compileError(executor, g);
+    EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+    EXPECT_NE(error.message.find("missing argument 'mat2'"), std::string::npos) << error.message;
+  }
+  {
+    GraphBuilder g;  // an unknown keyword
+    uint32_t x = g.input(DType::Float32, {2});
+    g.op("aten::relu", "", {T(x), Named("inplace", B(true))});
+    ExecutionError error = compileError(executor, g);
+    EXPECT_NE(error.message.find("no argument 'inplace'"), std::string::npos) << error.message;
+  }
+}
+
+TEST_F(ExecutorTest, TorchErrorsNameTheOpAndKeepTorchsMessage) {
+  GraphBuilder g;
+  uint32_t a = g.input(DType::Float32, {2, 3});
+  uint32_t b = g.input(DType::Float32, {4, 5});
+  uint32_t r = g.op("aten::relu", "", {T(a)});
+  g.op("aten::mm", "", {T(r), T(b)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> inputs = {at::randn({2, 3}), at::randn({4, 5})};
+  auto result = executor.run(*compiled.graph, inputs, {});
+  ASSERT_TRUE(std::holds_alternative<ExecutionError>(result));
+  const auto& error = std::get<ExecutionError>(result);
+  EXPECT_EQ(error.code, wire::ErrorCode::TorchError);
+  EXPECT_EQ(error.op_index, 1);
+  EXPECT_EQ(error.op_name, "aten::mm.default");
+  EXPECT_NE(error.message.find("cannot be multiplied"), std::string::npos) << error.message;
+  // The executor is stateless between runs: a good run after a failed one works.
+  std::vector<at::Tensor> good = {at::randn({2, 3}), at::randn({3, 5})};
+  auto values = runOrFail(executor, *compiled.graph, good);
+  ASSERT_FALSE(values.empty());
+  EXPECT_TRUE(at::equal(values.back(), at::mm(at::relu(good[0]), good[1])));
+}
+
+TEST_F(ExecutorTest, WrongInputCountsAreRefused) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2});
+  g.op("aten::relu", "", {T(x)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  auto result = executor.run(*compiled.graph, {}, {});
+  ASSERT_TRUE(std::holds_alternative<ExecutionError>(result));
+  EXPECT_NE(std::get<ExecutionError>(result).message.find("takes 1 tensor inputs, 0 given"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace genie::node

@@ -298,8 +298,8 @@ void Endpoint::close() {
     return;
   }
   auto close_timeout = worker_->config().close_timeout;
-  // Graceful (UCX flushes first) unless the peer already failed; bounded by close_timeout,
-  // after which the close is abandoned (see Worker::progressCloses).
+  // Flush (bounded by close_timeout) unless the peer already failed, then force-close
+  // (Worker::progressCloses). Returns after close_timeout (+ slack) at the latest.
   worker_->post([worker = worker_.get(), state = state_] {
     worker->closeEndpointFromProgressThread(state, /*force=*/state->failed.load());
   });

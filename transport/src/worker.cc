@@ -378,6 +378,15 @@ unsigned Worker::progress() {
   return events;
 }
 
+void Worker::deferTaskFromProgressThread(std::function<void()> task) {
+  deferFromProgressThread(
+      [](void* arg) {
+        std::unique_ptr<std::function<void()>> deferred(static_cast<std::function<void()>*>(arg));
+        (*deferred)();
+      },
+      new std::function<void()>(std::move(task)));
+}
+
 unsigned Worker::runDeferred() {
   if (deferred_.empty()) return 0;
   running_deferred_.swap(deferred_);
@@ -392,12 +401,7 @@ void Worker::post(std::function<void()> task) {
     if (am_scope_ == nullptr) {
       task();
     } else {
-      deferFromProgressThread(
-          [](void* arg) {
-            std::unique_ptr<std::function<void()>> deferred(static_cast<std::function<void()>*>(arg));
-            (*deferred)();
-          },
-          new std::function<void()>(std::move(task)));
+      deferTaskFromProgressThread(std::move(task));
     }
     return;
   }
@@ -485,33 +489,24 @@ std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
   return it->second->owner.lock();
 }
 
-std::shared_ptr<Endpoint> Worker::makeEndpointFromProgressThread(ucp_ep_h ep, std::string peer) {
-  auto state = std::make_shared<EndpointState>();
-  state->ep = ep;
-  state->peer = std::move(peer);
+std::shared_ptr<Endpoint> Worker::adoptEndpointFromProgressThread(std::shared_ptr<EndpointState> state) {
   auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
   state->owner = endpoint;
-  endpoints_[ep] = state;
+  endpoints_[state->ep] = std::move(state);
   return endpoint;
 }
 
-void Worker::forgetEndpointFromProgressThread(ucp_ep_h ep) { endpoints_.erase(ep); }
-
 void Worker::onEndpointErrorFromProgressThread(EndpointState* state, Status status) {
-  if (state->failed.exchange(true)) return;
-  state->error = status;
+  if (state->failed.load()) return;
+  state->error = status;  // written once, before `failed` publishes it to other threads
+  state->failed.store(true, std::memory_order_release);
   SPDLOG_INFO("{}", status.message());
   auto endpoint = state->owner.lock();
   if (error_handler_ && endpoint) error_handler_(endpoint, status);
   // A failed ucp endpoint must be force-closed; do it after this callback returns.
-  std::shared_ptr<EndpointState> keep;
-  if (auto it = endpoints_.find(state->ep); it != endpoints_.end()) keep = it->second;
-  tasks_mutex_.lock();
-  tasks_.push_back([this, keep] {
-    if (keep) closeEndpointFromProgressThread(keep, /*force=*/true);
-  });
-  tasks_mutex_.unlock();
-  tasks_pending_.fetch_add(1);
+  if (auto it = endpoints_.find(state->ep); it != endpoints_.end()) {
+    deferTaskFromProgressThread([this, keep = it->second] { closeEndpointFromProgressThread(keep, /*force=*/true); });
+  }
 }
 
 void Worker::closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force) {
@@ -609,10 +604,7 @@ Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint1
       created = GENIE_UCX_STATUS(st, "connect to {}", peer);
     } else {
       state->ep = ep;
-      auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
-      state->owner = endpoint;
-      endpoints_[ep] = state;
-      created = endpoint;
+      created = adoptEndpointFromProgressThread(state);
     }
     created_done = true;
   });
@@ -674,9 +666,7 @@ void Worker::acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler&
     return;
   }
   state->ep = ep;
-  auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
-  state->owner = endpoint;
-  endpoints_[ep] = state;
+  auto endpoint = adoptEndpointFromProgressThread(std::move(state));
   SPDLOG_INFO("accepted a connection from {}", peer);
   if (on_accept) on_accept(std::move(endpoint));
 }

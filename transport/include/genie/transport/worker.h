@@ -120,14 +120,13 @@ class Worker : public std::enable_shared_from_this<Worker> {
   void noteStaged(size_t n);
   /// Creates the ucp endpoint of an accepted connection request (progress thread).
   void acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler& on_accept);
-  /// Forgets a closed endpoint (progress thread).
-  void forgetEndpointFromProgressThread(ucp_ep_h ep);
   void onEndpointErrorFromProgressThread(EndpointState* state, Status status);
   /// Starts closing an endpoint: graceful (flush) or forced; bounded by close_timeout.
   void closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force);
   /// Runs fn(arg) on the progress thread after the current ucp_worker_progress() returns
   /// (UCX only queues operations started inside its callbacks). Progress thread only.
   void deferFromProgressThread(void (*fn)(void*), void* arg) { deferred_.push_back({fn, arg}); }
+  void deferTaskFromProgressThread(std::function<void()> task);
   /// Non-null while an active-message callback runs (see worker_internal.h).
   struct AmCallbackScope* amScope() const { return am_scope_; }
   uint64_t amGeneration() const { return am_generation_; }
@@ -139,7 +138,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   unsigned progressCloses();
   unsigned runDeferred();
   unsigned runPostedTasks();
-  std::shared_ptr<Endpoint> makeEndpointFromProgressThread(ucp_ep_h ep, std::string peer);
+  /// Wraps a created ucp endpoint (state->ep set) in an Endpoint and tracks it.
+  std::shared_ptr<Endpoint> adoptEndpointFromProgressThread(std::shared_ptr<EndpointState> state);
   std::shared_ptr<Endpoint> endpointFor(ucp_ep_h ep);
   friend struct AmDispatch;
   friend struct AmCallbackScope;

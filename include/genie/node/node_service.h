@@ -1,0 +1,66 @@
+// NodeService: the genie-node service. Listens on the UCX data plane, authenticates
+// sessions, keeps each session's tensors resident under client-chosen handles, registers
+// graphs by content hash and runs them with the Executor.
+//
+// Threads (docs/thread_model.md): the transport's progress thread verifies every message and
+// answers Hello; every other request goes to its session's own thread, which runs the
+// session's requests in order (sessions run concurrently). Tensor payloads land straight in
+// the tensor's storage (one tensor per message) or through one counted staging copy.
+//
+// This header has no torch types, so that programs embedding the service need not compile
+// torch headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "genie/status.h"
+#include "genie/transport/config.h"
+
+namespace genie::node {
+
+struct NodeConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;              // 0: any free port (NodeService::port tells which)
+  std::string device = "cpu";     // "cpu" or "cuda:N"
+  uint64_t memory_limit = 0;      // bytes of resident tensors, all sessions; 0 = unlimited
+  std::string auth_token;         // empty: any token is accepted (warned at start)
+  std::string name = "genie-node";
+  transport::WorkerConfig transport;
+};
+
+/// Counters reported by the Stats message (`genie-node --stats`).
+struct NodeStats {
+  uint32_t sessions = 0;
+  uint64_t resident_bytes[4] = {};  // by wire::Residency value
+  uint64_t graphs_cached = 0;
+  uint64_t ops_executed = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t memory_limit = 0;
+  uint64_t uptime_us = 0;
+};
+
+class NodeService {
+ public:
+  /// Starts the progress thread and listens. Errors: kInvalidArgument (device), listen errors.
+  static Result<std::unique_ptr<NodeService>> start(const NodeConfig& config);
+  ~NodeService();
+
+  uint16_t port() const;
+  NodeStats stats() const;
+  /// Says Goodbye to every session, frees their memory, stops the data plane. Idempotent.
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit NodeService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// "16G", "512M", "1024" (bytes; K, M, G, T = 2^10..2^40). Errors: kInvalidArgument.
+Result<uint64_t> parseByteSize(const std::string& text);
+
+}  // namespace genie::node

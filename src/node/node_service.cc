@@ -1,0 +1,687 @@
+#include "genie/node/node_service.h"
+
+#include <ATen/ATen.h>
+#include <sys/random.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "genie/log.h"
+#include "genie/node/executor.h"
+#include "genie/transport/endpoint.h"
+#include "genie/transport/message.h"
+#include "genie/transport/worker.h"
+#include "genie/wire/codec.h"
+
+namespace genie::node {
+
+using transport::ConstBuffer;
+using transport::Endpoint;
+using transport::InboundMessage;
+using wire::ErrorCode;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+wire::Handle randomHandle() {
+  uint64_t words[2] = {0, 0};
+  while (words[0] == 0 && words[1] == 0) {
+    if (getrandom(words, sizeof(words), 0) != sizeof(words)) words[0] = Clock::now().time_since_epoch().count();
+  }
+  return wire::Handle(words[0], words[1]);
+}
+
+/// A failed request: the wire error to answer with.
+struct RequestError {
+  ErrorCode code;
+  std::string message;
+  int32_t op_index = -1;
+  std::string op_name;
+};
+
+/// Node-wide byte accounting of resident tensors, by residency class, against the limit.
+class MemoryAccount {
+ public:
+  explicit MemoryAccount(uint64_t limit) : limit_(limit) {}
+  std::optional<RequestError> reserve(uint64_t bytes, wire::Residency residency) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (limit_ != 0 && used_ + bytes > limit_) {
+      return RequestError{ErrorCode::OutOfMemory,
+                          fmt::format("out of memory: {} bytes requested, {} of the node's {} bytes in use",
+                                      bytes, used_, limit_)};
+    }
+    used_ += bytes;
+    by_class_[static_cast<int>(residency)] += bytes;
+    return std::nullopt;
+  }
+  void release(uint64_t bytes, wire::Residency residency) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    used_ -= bytes;
+    by_class_[static_cast<int>(residency)] -= bytes;
+  }
+  void snapshot(uint64_t (&by_class)[4]) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int i = 0; i < 4; ++i) by_class[i] = by_class_[i];
+  }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  mutable std::mutex mutex_;
+  uint64_t limit_;
+  uint64_t used_ = 0;
+  uint64_t by_class_[4] = {};
+};
+
+/// Allocates an empty tensor laid out as `desc` on `device` (its whole storage span).
+at::Tensor allocate(const wire::TensorDesc& desc, c10::Device device) {
+  auto dtype = Executor::scalarType(desc.dtype());
+  std::vector<int64_t> shape(desc.shape()->begin(), desc.shape()->end());
+  auto options = at::TensorOptions().dtype(*dtype).device(device);
+  if (desc.nbytes() == 0) return at::empty(shape, options);
+  std::vector<int64_t> strides;
+  if (desc.strides() && desc.strides()->size()) {
+    strides.assign(desc.strides()->begin(), desc.strides()->end());
+  } else {
+    auto contiguous = c10::contiguous_strides(shape);
+    strides.assign(contiguous.begin(), contiguous.end());
+  }
+  const int64_t elements = static_cast<int64_t>(desc.nbytes() / c10::elementSize(*dtype));
+  return at::empty({elements}, options).as_strided(shape, strides, desc.storage_offset());
+}
+
+/// The bytes of a tensor's storage span, as they travel (wire::TensorDesc.nbytes).
+std::byte* storageBytes(const at::Tensor& t) {
+  return static_cast<std::byte*>(t.storage().mutable_data());
+}
+
+struct Session;
+
+}  // namespace
+
+// ---- the service ------------------------------------------------------------------------
+
+struct NodeService::Impl {
+  NodeConfig config;
+  c10::Device device{c10::kCPU};
+  Executor executor{c10::Device(c10::kCPU)};
+  std::shared_ptr<transport::Worker> worker;
+  std::unique_ptr<transport::Listener> listener;
+  MemoryAccount memory{0};
+  Clock::time_point started = Clock::now();
+
+  std::mutex graphs_mutex;
+  std::unordered_map<wire::GraphId, std::shared_ptr<const CompiledGraph>, wire::GraphIdHash, wire::GraphIdEqual> graphs;
+
+  // Progress thread only (and stop()): open connections, and the sessions said Hello on them.
+  std::unordered_map<const Endpoint*, std::shared_ptr<Endpoint>> connections;
+  std::unordered_map<const Endpoint*, std::shared_ptr<Session>> sessions;
+  // Sessions being ended (their threads free memory off the progress thread); joined by stop().
+  std::mutex ending_mutex;
+  std::vector<std::thread> ending;
+  std::atomic<uint32_t> session_count{0};
+  std::atomic<uint64_t> ops_executed{0};
+  bool stopped = false;
+
+  Impl(const NodeConfig& c, c10::Device d) : config(c), device(d), executor(d), memory(c.memory_limit) {}
+
+  void onMessage(InboundMessage message);
+  void onEndpointError(const std::shared_ptr<Endpoint>& endpoint);
+  /// Removes a session and ends it on another thread (progress thread).
+  void endSession(const Endpoint* endpoint);
+  void reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload = {},
+             std::shared_ptr<void> keep_alive = nullptr);
+  void replyError(Endpoint& to, uint64_t request_id, const RequestError& error) {
+    reply(to, wire::buildError(request_id, error.code, error.message, error.op_index, error.op_name));
+  }
+};
+
+namespace {
+
+/// One client's session: its handles, and the thread that runs its requests in order.
+struct Session {
+  Session(NodeService::Impl& node, std::shared_ptr<Endpoint> endpoint, wire::Handle id)
+      : node(node), endpoint(std::move(endpoint)), id(id) {
+    thread = std::thread([this] { run(); });
+  }
+  ~Session() { stop(); }
+
+  void enqueue(InboundMessage message) {
+    std::lock_guard<std::mutex> lock(mutex);
+    queue.push_back(std::move(message));
+    cv.notify_one();
+  }
+  /// Ends the session: its thread drains, frees every tensor and exits.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopping && !thread.joinable()) return;
+      stopping = true;
+      cv.notify_one();
+    }
+    if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) thread.join();
+  }
+
+  void run();
+  void handle(InboundMessage& message, const wire::Message& msg);
+  std::optional<RequestError> putTensors(InboundMessage& message, const wire::PutTensors& put);
+  void getTensors(uint64_t id, const wire::GetTensors& get);
+  void registerGraph(uint64_t id, const wire::RegisterGraph& reg);
+  void runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run);
+  std::optional<RequestError> store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency);
+  bool release(const wire::Handle& handle);
+  Status receive(InboundMessage& message, void* destination, size_t bytes);
+  void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
+                   uint64_t exec_us);
+
+  struct Entry {
+    at::Tensor tensor;
+    wire::Residency residency;
+  };
+  struct StorageUse {
+    int refs = 0;
+    uint64_t bytes = 0;
+    wire::Residency residency;
+  };
+
+  NodeService::Impl& node;
+  std::shared_ptr<Endpoint> endpoint;
+  wire::Handle id;
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<InboundMessage> queue;
+  bool stopping = false;
+  // Session thread only.
+  std::unordered_map<wire::Handle, Entry, wire::HandleHash, wire::HandleEqual> tensors;
+  std::unordered_map<const c10::StorageImpl*, StorageUse> storages;  // bytes counted once per storage
+};
+
+void Session::run() {
+  for (;;) {
+    std::optional<InboundMessage> message;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) break;
+      message.emplace(std::move(queue.front()));
+      queue.pop_front();
+    }
+    // Verified on the progress thread; the header bytes are the message's own.
+    const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message->header().data());
+    try {
+      handle(*message, *msg);
+    } catch (const std::exception& e) {
+      node.replyError(*endpoint, msg->request_id(), {ErrorCode::Internal, e.what()});
+    }
+  }
+  // The session ends: everything it held is freed.
+  std::vector<wire::Handle> handles;
+  for (auto& [handle, entry] : tensors) handles.push_back(handle);
+  for (const auto& handle : handles) release(handle);
+  GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id), endpoint->peer());
+}
+
+std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency) {
+  if (tensors.count(handle)) {
+    return RequestError{ErrorCode::DuplicateHandle, fmt::format("handle {} is already in use", wire::toString(handle))};
+  }
+  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  StorageUse& use = storages[storage];
+  if (use.refs == 0) {
+    use.bytes = tensor.storage().nbytes();
+    use.residency = residency;
+    if (auto error = node.memory.reserve(use.bytes, residency)) {
+      storages.erase(storage);
+      return error;
+    }
+  }
+  ++use.refs;
+  tensors.emplace(handle, Entry{std::move(tensor), residency});
+  return std::nullopt;
+}
+
+bool Session::release(const wire::Handle& handle) {
+  auto it = tensors.find(handle);
+  if (it == tensors.end()) return false;
+  const c10::StorageImpl* storage = it->second.tensor.storage().unsafeGetStorageImpl();
+  auto use = storages.find(storage);
+  if (use != storages.end() && --use->second.refs == 0) {
+    node.memory.release(use->second.bytes, use->second.residency);
+    storages.erase(use);
+  }
+  tensors.erase(it);
+  return true;
+}
+
+Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {
+  std::promise<Status> done;
+  auto future = done.get_future();
+  message.receivePayload({destination, bytes}, [&done](Status s) { done.set_value(std::move(s)); });
+  return future.get();  // bounded by the transport: a dead peer fails it within the peer timeout
+}
+
+void Session::handle(InboundMessage& message, const wire::Message& msg) {
+  const uint64_t id = msg.request_id();
+  switch (msg.body_type()) {
+    case wire::Body::PutTensors: {
+      if (auto error = putTensors(message, *msg.body_as_PutTensors())) return node.replyError(*endpoint, id, *error);
+      node.reply(*endpoint, wire::buildAck(id, msg.body_as_PutTensors()->tensors()->size()));
+      return;
+    }
+    case wire::Body::GetTensors: return getTensors(id, *msg.body_as_GetTensors());
+    case wire::Body::FreeTensors: {
+      const auto* handles = msg.body_as_FreeTensors()->handles();
+      uint32_t freed = 0;
+      for (uint32_t i = 0; handles && i < handles->size(); ++i) freed += release(*handles->Get(i));
+      if (msg.body_as_FreeTensors()->want_reply()) node.reply(*endpoint, wire::buildAck(id, freed));
+      return;
+    }
+    case wire::Body::RegisterGraph: return registerGraph(id, *msg.body_as_RegisterGraph());
+    case wire::Body::RunGraph: return runGraph(id, message, *msg.body_as_RunGraph());
+    default:
+      node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
+                                      fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))});
+  }
+}
+
+std::optional<RequestError> Session::putTensors(InboundMessage& message, const wire::PutTensors& put) {
+  const auto* slots = put.tensors();
+  std::vector<at::Tensor> made;
+  for (uint32_t i = 0; i < slots->size(); ++i) {
+    const wire::TensorSlot* slot = slots->Get(i);
+    if (tensors.count(*slot->handle())) {
+      message.releasePayload();
+      return RequestError{ErrorCode::DuplicateHandle,
+                          fmt::format("PutTensors.tensors[{}]: handle {} is already in use", i, wire::toString(*slot->handle()))};
+    }
+    made.push_back(allocate(*slot->desc(), node.device));
+  }
+  // Payload: straight into the storage when it is one tensor, else one staging copy.
+  if (message.payloadSize() > 0) {
+    if (slots->size() == 1 && slots->Get(0)->payload_offset() == 0 && made[0].storage().nbytes() == message.payloadSize()) {
+      Status received = receive(message, storageBytes(made[0]), message.payloadSize());
+      if (!received) return RequestError{ErrorCode::PeerUnreachable, received.message()};
+    } else {
+      std::vector<std::byte> staging(message.payloadSize());
+      Status received = receive(message, staging.data(), staging.size());
+      if (!received) return RequestError{ErrorCode::PeerUnreachable, received.message()};
+      for (uint32_t i = 0; i < slots->size(); ++i) {
+        const auto* slot = slots->Get(i);
+        std::memcpy(storageBytes(made[i]), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
+      }
+    }
+  }
+  for (uint32_t i = 0; i < slots->size(); ++i) {
+    const auto* slot = slots->Get(i);
+    if (auto error = store(*slot->handle(), made[i], slot->residency())) {
+      for (uint32_t j = 0; j < i; ++j) release(*slots->Get(j)->handle());
+      return error;
+    }
+  }
+  return std::nullopt;
+}
+
+void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
+                          uint64_t exec_us) {
+  // Returned tensors travel contiguous, one payload: zero-copy for a single contiguous tensor.
+  std::vector<wire::TensorSlotArgs> slots;
+  std::vector<at::Tensor> contiguous;
+  wire::PayloadLayout layout;
+  for (const auto& [handle, tensor] : out) {
+    at::Tensor t = tensor.defined() ? tensor.contiguous() : tensor;
+    wire::TensorSlotArgs slot;
+    slot.handle = handle;
+    slot.desc.dtype = t.defined() ? Executor::wireDType(t.scalar_type()) : wire::DType::Float32;
+    slot.desc.shape = t.defined() ? t.sizes().vec() : std::vector<int64_t>{0};
+    slot.payload_offset = layout.add(t.defined() ? t.nbytes() : 0);
+    slots.push_back(slot);
+    contiguous.push_back(t);
+  }
+  auto header = run_result ? wire::buildRunResult(id, slots, exec_us) : wire::buildTensorData(id, slots);
+  if (!header) return node.replyError(*endpoint, id, {ErrorCode::Internal, header.status().message()});
+  if (contiguous.size() == 1 && contiguous[0].defined() && layout.size() == contiguous[0].nbytes()) {
+    auto keep = std::make_shared<at::Tensor>(contiguous[0]);
+    node.reply(*endpoint, *header, {keep->data_ptr(), layout.size()}, keep);
+    return;
+  }
+  auto staging = std::make_shared<std::vector<std::byte>>(layout.size());
+  for (size_t i = 0; i < contiguous.size(); ++i) {
+    if (contiguous[i].defined() && contiguous[i].nbytes()) {
+      std::memcpy(staging->data() + slots[i].payload_offset, contiguous[i].data_ptr(), contiguous[i].nbytes());
+    }
+  }
+  node.reply(*endpoint, *header, {staging->data(), staging->size()}, staging);
+}
+
+void Session::getTensors(uint64_t id, const wire::GetTensors& get) {
+  std::vector<std::pair<wire::Handle, at::Tensor>> out;
+  for (uint32_t i = 0; i < get.handles()->size(); ++i) {
+    const wire::Handle& handle = *get.handles()->Get(i);
+    auto it = tensors.find(handle);
+    if (it == tensors.end()) {
+      return node.replyError(*endpoint, id, {ErrorCode::UnknownHandle,
+                                             fmt::format("GetTensors.handles[{}]: no tensor {} in this session", i,
+                                                         wire::toString(handle))});
+    }
+    out.emplace_back(handle, it->second.tensor.cpu());
+  }
+  sendTensors(id, false, out, 0);
+}
+
+void Session::registerGraph(uint64_t id, const wire::RegisterGraph& reg) {
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(reg.graph()->data()), reg.graph()->size());
+  wire::GraphId graph_id = wire::hashGraph(bytes);
+  {
+    std::lock_guard<std::mutex> lock(node.graphs_mutex);
+    if (auto it = node.graphs.find(graph_id); it != node.graphs.end()) {
+      return node.reply(*endpoint, wire::buildGraphRegistered(id, graph_id, it->second->nodes().size()));
+    }
+  }
+  const wire::Graph* graph = reg.graph_nested_root();
+  auto compiled = node.executor.compile(*graph);
+  if (auto* error = std::get_if<ExecutionError>(&compiled)) {
+    return node.replyError(*endpoint, id, {error->code, error->message, error->op_index, error->op_name});
+  }
+  auto ready = std::get<std::shared_ptr<const CompiledGraph>>(compiled);
+  {
+    std::lock_guard<std::mutex> lock(node.graphs_mutex);
+    node.graphs.emplace(graph_id, ready);
+  }
+  node.reply(*endpoint, wire::buildGraphRegistered(id, graph_id, ready->nodes().size()));
+}
+
+void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run) {
+  std::shared_ptr<const CompiledGraph> graph;
+  {
+    std::lock_guard<std::mutex> lock(node.graphs_mutex);
+    auto it = node.graphs.find(*run.graph_id());
+    if (it != node.graphs.end()) graph = it->second;
+  }
+  if (!graph) {
+    message.releasePayload();
+    return node.replyError(*endpoint, id, {ErrorCode::UnknownGraph,
+                                           fmt::format("graph {} is not registered", wire::toString(*run.graph_id()))});
+  }
+  // Inputs: resident tensors by handle, or small tensors inline in the payload.
+  std::vector<at::Tensor> inputs(graph->numInputs());
+  std::vector<std::byte> staging;
+  if (message.payloadSize() > 0) {
+    staging.resize(message.payloadSize());
+    if (Status received = receive(message, staging.data(), staging.size()); !received) {
+      return node.replyError(*endpoint, id, {ErrorCode::PeerUnreachable, received.message()});
+    }
+  }
+  const auto* bindings = run.inputs();
+  for (uint32_t i = 0; bindings && i < bindings->size(); ++i) {
+    const wire::InputBinding* binding = bindings->Get(i);
+    if (binding->input() >= inputs.size()) {
+      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
+                                             fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs", i,
+                                                         binding->input(), inputs.size())});
+    }
+    if (binding->kind() == wire::BindingKind::Handle) {
+      auto it = tensors.find(*binding->handle());
+      if (it == tensors.end()) {
+        return node.replyError(*endpoint, id, {ErrorCode::UnknownHandle,
+                                               fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
+                                                           wire::toString(*binding->handle()))});
+      }
+      inputs[binding->input()] = it->second.tensor;
+    } else {
+      const wire::TensorSlot* slot = binding->inline_();
+      at::Tensor t = allocate(*slot->desc(), node.device);
+      if (slot->desc()->nbytes()) std::memcpy(storageBytes(t), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
+      inputs[binding->input()] = t;
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i)});
+    }
+  }
+  std::vector<ScalarSlotValue> scalars(graph->numScalarInputs(), int64_t{0});
+  const auto* scalar_bindings = run.scalars();
+  for (uint32_t i = 0; scalar_bindings && i < scalar_bindings->size(); ++i) {
+    const wire::ScalarBinding* s = scalar_bindings->Get(i);
+    if (s->slot() >= scalars.size()) {
+      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
+                                             fmt::format("RunGraph.scalars[{}]: slot {} out of range", i, s->slot())});
+    }
+    if (s->value_type() == wire::Value::IntValue) scalars[s->slot()] = s->value_as_IntValue()->v();
+    if (s->value_type() == wire::Value::DoubleValue) scalars[s->slot()] = s->value_as_DoubleValue()->v();
+    if (s->value_type() == wire::Value::BoolValue) scalars[s->slot()] = s->value_as_BoolValue()->v();
+  }
+  auto start = Clock::now();
+  auto result = node.executor.run(*graph, inputs, scalars);
+  if (auto* error = std::get_if<ExecutionError>(&result)) {
+    return node.replyError(*endpoint, id, {error->code, error->message, error->op_index, error->op_name});
+  }
+  node.ops_executed += graph->nodes().size();
+  auto exec_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+  auto& values = std::get<std::vector<at::Tensor>>(result);
+  std::vector<std::pair<wire::Handle, at::Tensor>> returned;
+  const auto* outputs = run.outputs();
+  for (uint32_t i = 0; outputs && i < outputs->size(); ++i) {
+    const wire::OutputSpec* spec = outputs->Get(i);
+    if (spec->value() >= values.size()) {
+      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
+                                             fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
+                                                         spec->value(), values.size())});
+    }
+    const at::Tensor& value = values[spec->value()];
+    if (spec->action() != wire::OutputAction::Return) {
+      if (auto error = store(*spec->handle(), value, spec->residency())) return node.replyError(*endpoint, id, *error);
+    }
+    if (spec->action() != wire::OutputAction::KeepResident) {
+      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(), value.defined() ? value.cpu() : value);
+    }
+  }
+  sendTensors(id, true, returned, static_cast<uint64_t>(exec_us));
+}
+
+}  // namespace
+
+void NodeService::Impl::reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload,
+                              std::shared_ptr<void> keep_alive) {
+  to.send(wire::bytesOf(header), payload, [keep_alive = std::move(keep_alive)](Status s) {
+    if (!s) GENIE_LOG_DEBUG("reply not delivered: {}", s.message());
+  });
+}
+
+void NodeService::Impl::onMessage(InboundMessage message) {
+  std::shared_ptr<Endpoint> from = message.endpoint();
+  auto verified = wire::verifyMessage(message.header(), message.payloadSize());
+  if (!verified) {
+    GENIE_LOG_WARN("refused a message from {}: {}", from->peer(), verified.status().message());
+    replyError(*from, 0, {ErrorCode::InvalidMessage, verified.status().message()});
+    return;
+  }
+  const wire::Message* msg = verified.value();
+  const uint64_t id = msg->request_id();
+  auto session = sessions.find(from.get());
+  switch (msg->body_type()) {
+    case wire::Body::Hello: {
+      const wire::Hello* hello = msg->body_as_Hello();
+      if (hello->protocol_version() != wire::kProtocolVersion) {
+        return replyError(*from, id, {ErrorCode::UnsupportedVersion,
+                                      fmt::format("protocol version {} is not supported; this node speaks {}",
+                                                  hello->protocol_version(), wire::kProtocolVersion)});
+      }
+      if (!config.auth_token.empty() && wire::stringOf(hello->auth_token()) != config.auth_token) {
+        GENIE_LOG_WARN("refused a session from {}: wrong auth token", from->peer());
+        return replyError(*from, id, {ErrorCode::Unauthenticated, "wrong auth token"});
+      }
+      if (session != sessions.end()) {
+        return replyError(*from, id, {ErrorCode::InvalidMessage, "this connection already has a session"});
+      }
+      wire::Handle session_id = randomHandle();
+      sessions.emplace(from.get(), std::make_shared<Session>(*this, from, session_id));
+      ++session_count;
+      GENIE_LOG_INFO("session {} for '{}' (pid {}) from {}", wire::toString(session_id), wire::stringOf(hello->client_name()),
+                     hello->pid(), from->peer());
+      wire::WelcomeArgs welcome;
+      welcome.session_id = session_id;
+      welcome.node_name = config.name;
+      welcome.device = config.device;
+      welcome.memory_limit = config.memory_limit;
+      welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
+      return reply(*from, wire::buildWelcome(id, welcome));
+    }
+    case wire::Body::Ping: {
+      message.releasePayload();
+      return reply(*from, wire::buildPong(id, msg->body_as_Ping()->timestamp_ns()));
+    }
+    case wire::Body::StatsRequest: {
+      NodeStats s;
+      s.sessions = session_count.load();
+      memory.snapshot(s.resident_bytes);
+      {
+        std::lock_guard<std::mutex> lock(graphs_mutex);
+        s.graphs_cached = graphs.size();
+      }
+      wire::StatsArgs args;
+      args.sessions = s.sessions;
+      for (int r = 0; r < 4; ++r) args.resident.emplace_back(static_cast<wire::Residency>(r), s.resident_bytes[r]);
+      args.graphs_cached = s.graphs_cached;
+      args.ops_executed = ops_executed.load();
+      args.bytes_in = worker->bytesReceived();
+      args.bytes_out = worker->bytesSent();
+      args.memory_limit = memory.limit();
+      args.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
+      return reply(*from, wire::buildStats(id, args));
+    }
+    case wire::Body::Goodbye:
+      return endSession(from.get());
+    default:
+      break;
+  }
+  if (session == sessions.end()) {
+    message.releasePayload();
+    return replyError(*from, id, {ErrorCode::NotInSession, "say Hello first: this connection has no session"});
+  }
+  session->second->enqueue(std::move(message));
+}
+
+void NodeService::Impl::endSession(const Endpoint* endpoint) {
+  auto session = sessions.find(endpoint);
+  if (session == sessions.end()) return;
+  std::shared_ptr<Session> closing = std::move(session->second);
+  sessions.erase(session);
+  --session_count;
+  std::lock_guard<std::mutex> lock(ending_mutex);
+  ending.emplace_back([closing = std::move(closing)]() mutable {
+    closing->stop();
+    closing.reset();
+  });
+}
+
+void NodeService::Impl::onEndpointError(const std::shared_ptr<Endpoint>& endpoint) {
+  if (sessions.count(endpoint.get())) GENIE_LOG_INFO("peer {} is gone: ending its session", endpoint->peer());
+  endSession(endpoint.get());
+  connections.erase(endpoint.get());
+}
+
+NodeService::NodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeService::~NodeService() { stop(); }
+
+Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config) {
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(config.device);
+  } catch (const c10::Error& e) {
+    return GENIE_ERROR(kInvalidArgument, "--device '{}': {}", config.device, e.what_without_backtrace());
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    return GENIE_ERROR(kInvalidArgument, "--device {}: this machine has no CUDA device", config.device);
+  }
+  auto impl = std::make_unique<Impl>(config, device);
+  transport::WorkerConfig transport = config.transport;
+  transport.name = config.name;
+  auto worker = transport::Worker::create(transport);
+  if (!worker) return worker.status();
+  impl->worker = *worker;
+  Impl* raw = impl.get();
+  impl->worker->setMessageHandler([raw](InboundMessage m) { raw->onMessage(std::move(m)); });
+  impl->worker->setEndpointErrorHandler([raw](std::shared_ptr<Endpoint> e, Status) { raw->onEndpointError(e); });
+  GENIE_RETURN_IF_ERROR(impl->worker->startProgressThread());
+  auto listener = impl->worker->listen(config.host, config.port, [raw](std::shared_ptr<Endpoint> endpoint) {
+    const Endpoint* key = endpoint.get();
+    raw->connections.emplace(key, std::move(endpoint));  // open until the peer goes
+  });
+  if (!listener) return listener.status();
+  impl->listener = std::move(listener.value());
+  if (config.auth_token.empty()) GENIE_LOG_WARN("no auth token configured: any client is accepted");
+  return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
+}
+
+uint16_t NodeService::port() const { return impl_->listener ? impl_->listener->port() : 0; }
+
+NodeStats NodeService::stats() const {
+  NodeStats s;
+  s.sessions = impl_->session_count.load();
+  impl_->memory.snapshot(s.resident_bytes);
+  {
+    std::lock_guard<std::mutex> lock(impl_->graphs_mutex);
+    s.graphs_cached = impl_->graphs.size();
+  }
+  s.ops_executed = impl_->ops_executed.load();
+  s.bytes_in = impl_->worker->bytesReceived();
+  s.bytes_out = impl_->worker->bytesSent();
+  s.memory_limit = impl_->memory.limit();
+  return s;
+}
+
+void NodeService::stop() {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::promise<void> collected;
+  impl_->worker->post([&] {
+    for (auto& [endpoint, session] : impl_->sessions) {
+      sessions.push_back(session);
+      auto bye = wire::buildGoodbye(0, "genie-node is shutting down");
+      session->endpoint->send(wire::bytesOf(bye), {}, [](Status) {});
+    }
+    impl_->sessions.clear();
+    impl_->connections.clear();
+    collected.set_value();
+  });
+  collected.get_future().wait();
+  for (auto& session : sessions) session->stop();
+  sessions.clear();
+  {
+    std::lock_guard<std::mutex> lock(impl_->ending_mutex);
+    for (auto& thread : impl_->ending) thread.join();
+    impl_->ending.clear();
+  }
+  impl_->session_count = 0;
+  impl_->listener.reset();
+  impl_->worker->shutdown();
+}
+
+Result<uint64_t> parseByteSize(const std::string& text) {
+  if (text.empty()) return GENIE_ERROR(kInvalidArgument, "empty size");
+  uint64_t multiplier = 1;
+  std::string digits = text;
+  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
+    case 'K': multiplier = uint64_t{1} << 10; break;
+    case 'M': multiplier = uint64_t{1} << 20; break;
+    case 'G': multiplier = uint64_t{1} << 30; break;
+    case 'T': multiplier = uint64_t{1} << 40; break;
+    default: break;
+  }
+  if (multiplier != 1) digits.pop_back();
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return GENIE_ERROR(kInvalidArgument, "'{}' is not a size (e.g. 1024, 512M, 16G)", text);
+  }
+  return std::stoull(digits) * multiplier;
+}
+
+}  // namespace genie::node

@@ -1,0 +1,258 @@
+// A real genie-node process on loopback, driven by the C++ client; results compared with
+// libtorch eager run in the test.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "genie/client/client.h"
+#include "genie/node/executor.h"
+#include "graph_builder.h"
+#include "node_process.h"
+
+namespace genie::node {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+using client::Client;
+using client::ClientOptions;
+using wire::DType;
+
+std::unique_ptr<Client> connectOrFail(uint16_t port, const std::string& token = "") {
+  ClientOptions options;
+  options.auth_token = token;
+  options.timeout = 30s;
+  auto client = Client::connect("127.0.0.1", port, options);
+  EXPECT_TRUE(client.isOk()) << client.status().toString();
+  return client ? std::move(client.value()) : nullptr;
+}
+
+std::span<const std::byte> bytesOf(const at::Tensor& t) {
+  return {static_cast<const std::byte*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+}
+
+wire::TensorDescArgs descOf(const at::Tensor& t) {
+  wire::TensorDescArgs desc;
+  desc.dtype = Executor::wireDType(t.scalar_type());
+  desc.shape = t.sizes().vec();
+  return desc;
+}
+
+at::Tensor tensorOf(const client::ReturnedTensor& r) {
+  auto dtype = *Executor::scalarType(r.dtype);
+  at::Tensor t = at::empty(r.shape, at::TensorOptions().dtype(dtype));
+  std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
+  return t;
+}
+
+uint64_t residentBytes(Client& client) {
+  auto stats = client.stats();
+  EXPECT_TRUE(stats.isOk()) << stats.status().toString();
+  uint64_t total = 0;
+  if (stats) for (auto [residency, bytes] : stats->resident) total += bytes;
+  return total;
+}
+
+/// Registers the chain relu(mm(x, w) + b) and returns its id and output value id.
+std::pair<wire::GraphId, uint32_t> registerChain(Client& client) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {4, 8});
+  uint32_t w = g.input(DType::Float32, {8, 16});
+  uint32_t b = g.input(DType::Float32, {16});
+  uint32_t mm = g.op("aten::mm", "", {T(x), T(w)});
+  uint32_t add = g.op("aten::add", "Tensor", {T(mm), T(b)});
+  uint32_t relu = g.op("aten::relu", "", {T(add)});
+  auto bytes = g.finish();
+  auto id = client.registerGraph(wire::bytesOf(bytes));
+  EXPECT_TRUE(id.isOk()) << id.status().toString();
+  if (id) EXPECT_TRUE(*id == wire::hashGraph(wire::bytesOf(bytes)));
+  return {id.isOk() ? *id : wire::GraphId(), relu};
+}
+
+TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::manual_seed(0);
+  at::Tensor x = at::randn({4, 8}), w = at::randn({8, 16}), b = at::randn({16});
+  wire::Handle hw = Client::newHandle(), hb = Client::newHandle(), hy = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
+  ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
+  EXPECT_EQ(residentBytes(*client), uint64_t(w.nbytes() + b.nbytes()));
+  auto [graph, relu] = registerChain(*client);
+
+  // x travels inline; the output comes back and also stays resident under hy.
+  wire::RunGraphArgs run;
+  run.graph_id = graph;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(x);
+  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+  run.outputs = {{relu, wire::OutputAction::ReturnAndKeep, hy, wire::Residency::EphemeralActivation}};
+  auto outputs = client->runGraph(run, bytesOf(x));
+  ASSERT_TRUE(outputs.isOk()) << outputs.status().toString();
+  ASSERT_EQ(outputs->size(), 1u);
+  at::Tensor expected = at::relu(at::mm(x, w) + b);
+  EXPECT_TRUE(at::equal(tensorOf((*outputs)[0]), expected));
+
+  auto kept = client->getTensor(hy);
+  ASSERT_TRUE(kept.isOk()) << kept.status().toString();
+  EXPECT_TRUE(at::equal(tensorOf(*kept), expected));
+  // Registering the same graph again answers the same id (cached by content hash).
+  auto again = registerChain(*client);
+  EXPECT_TRUE(again.first == graph);
+  auto stats = client->stats();
+  ASSERT_TRUE(stats.isOk());
+  EXPECT_EQ(stats->graphs_cached, 1u);
+  EXPECT_EQ(stats->ops_executed, 3u);
+  ASSERT_TRUE(client->freeTensors(std::vector<wire::Handle>{hw, hb, hy}).isOk());
+  EXPECT_EQ(residentBytes(*client), 0u);
+}
+
+TEST(NodeIntegration, WrongTokenAndWrongVersionAreRefused) {
+  char path[] = "/tmp/genie-token-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::ofstream(path) << "s3cret\n";
+  close(fd);
+  NodeProcess node({"--auth-token-file", path});
+  ClientOptions options;
+  options.auth_token = "guess";
+  auto refused = Client::connect("127.0.0.1", node.port(), options);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.status().code(), StatusCode::kRemote);
+  EXPECT_NE(refused.status().message().find("Unauthenticated"), std::string::npos) << refused.status().toString();
+  options.auth_token = "s3cret";
+  options.protocol_version = wire::kProtocolVersion + 1;
+  auto old = Client::connect("127.0.0.1", node.port(), options);
+  ASSERT_FALSE(old.isOk());
+  EXPECT_NE(old.status().message().find("UnsupportedVersion"), std::string::npos) << old.status().toString();
+  // The right token and version get a session.
+  auto good = connectOrFail(node.port(), "s3cret");
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(good->ping().isOk());
+  std::remove(path);
+}
+
+TEST(NodeIntegration, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  // An unknown op: refused at registration, naming it and its index.
+  GraphBuilder g;
+  uint32_t input = g.input(DType::Float32, {2});
+  uint32_t r = g.op("aten::relu", "", {T(input)});
+  g.op("aten::frobnicate", "", {T(r)});
+  auto bytes = g.finish();
+  auto unknown = client->registerGraph(wire::bytesOf(bytes));
+  ASSERT_FALSE(unknown.isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownOp);
+  EXPECT_EQ(client->lastRemoteError().op_index, 1);
+  EXPECT_EQ(client->lastRemoteError().op_name, "aten::frobnicate.default");
+
+  // Wrong shapes: torch's error, naming the op.
+  auto [graph, relu] = registerChain(*client);
+  at::Tensor x_bad = at::randn({4, 7}), w = at::randn({8, 16}), b = at::randn({16});
+  wire::Handle hw = Client::newHandle(), hb = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
+  ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
+  wire::RunGraphArgs run;
+  run.graph_id = graph;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(x_bad);
+  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+  run.outputs = {{relu, wire::OutputAction::Return, {}, wire::Residency::EphemeralActivation}};
+  auto shapes = client->runGraph(run, bytesOf(x_bad));
+  ASSERT_FALSE(shapes.isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::TorchError);
+  EXPECT_EQ(client->lastRemoteError().op_name, "aten::mm.default");
+  EXPECT_NE(client->lastRemoteError().message.find("cannot be multiplied"), std::string::npos);
+
+  // A handle this session never had (freed, or another session's).
+  ASSERT_TRUE(client->freeTensors(std::vector<wire::Handle>{hb}).isOk());
+  auto freed = client->runGraph(run, bytesOf(x_bad));
+  ASSERT_FALSE(freed.isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
+  EXPECT_NE(client->lastRemoteError().message.find(wire::toString(hb)), std::string::npos);
+
+  // An unregistered graph.
+  run.graph_id = wire::GraphId(1, 2);
+  ASSERT_FALSE(client->runGraph(run, bytesOf(x_bad)).isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownGraph);
+
+  // And then a good request is served.
+  at::Tensor x = at::randn({4, 8});
+  ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
+  run.graph_id = graph;
+  inline_x.desc = descOf(x);
+  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+  auto good = client->runGraph(run, bytesOf(x));
+  ASSERT_TRUE(good.isOk()) << good.status().toString();
+  EXPECT_TRUE(at::equal(tensorOf((*good)[0]), at::relu(at::mm(x, w) + b)));
+}
+
+TEST(NodeIntegration, SessionsCannotSeeEachOthersHandles) {
+  NodeProcess node;
+  auto alice = connectOrFail(node.port());
+  auto bob = connectOrFail(node.port());
+  ASSERT_TRUE(alice && bob);
+  EXPECT_FALSE(alice->sessionId() == bob->sessionId());
+  at::Tensor secret = at::randn({8});
+  wire::Handle handle = Client::newHandle();
+  ASSERT_TRUE(alice->putTensor(handle, descOf(secret), wire::Residency::PersistentWeight, bytesOf(secret)).isOk());
+  auto stolen = bob->getTensor(handle);
+  ASSERT_FALSE(stolen.isOk());
+  EXPECT_EQ(bob->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
+  auto own = alice->getTensor(handle);
+  ASSERT_TRUE(own.isOk());
+  EXPECT_TRUE(at::equal(tensorOf(*own), secret));
+}
+
+TEST(NodeIntegration, MemoryLimitRefusesTheRequestNotTheNode) {
+  NodeProcess node({"--memory-limit", "1M"});
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::Tensor big = at::zeros({512 * 1024}, at::kFloat);  // 2 MiB
+  auto refused = client->putTensor(Client::newHandle(), descOf(big), wire::Residency::PersistentWeight, bytesOf(big));
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::OutOfMemory);
+  EXPECT_NE(client->lastRemoteError().message.find("2097152 bytes requested"), std::string::npos)
+      << client->lastRemoteError().message;
+  at::Tensor small = at::ones({1024});
+  EXPECT_TRUE(client->putTensor(Client::newHandle(), descOf(small), wire::Residency::PersistentWeight, bytesOf(small)).isOk());
+  EXPECT_EQ(residentBytes(*client), 4096u);
+}
+
+TEST(NodeIntegration, AKilledClientLeavesNoResidentBytes) {
+  NodeProcess node;
+  auto observer = connectOrFail(node.port());
+  ASSERT_NE(observer, nullptr);
+  Process peer("node_client_peer", {std::to_string(node.port()), std::to_string(4 << 20)});
+  ASSERT_EQ(peer.readLine(), "ready\n");
+  EXPECT_EQ(residentBytes(*observer), uint64_t{4} << 20);
+  peer.kill(SIGKILL);
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (residentBytes(*observer) != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(residentBytes(*observer), 0u);
+  auto stats = observer->stats();
+  ASSERT_TRUE(stats.isOk());
+  EXPECT_EQ(stats->sessions, 1u);
+}
+
+TEST(NodeIntegration, SigtermWithActiveSessionsExitsCleanly) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::Tensor t = at::randn({1024});
+  ASSERT_TRUE(client->putTensor(Client::newHandle(), descOf(t), wire::Residency::StatefulKvCache, bytesOf(t)).isOk());
+  node.process().kill(SIGTERM);
+  EXPECT_EQ(node.process().wait(10s), 0);
+  // The client sees the node gone: an error, not a hang.
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client->ping().isOk());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+}  // namespace
+}  // namespace genie::node

@@ -1,0 +1,146 @@
+// genie-node: the service that owns an accelerator and executes the subgraphs clients send,
+// keeping their tensors resident. Every flag also reads a GENIE_* environment variable.
+//
+//   genie-node --listen 0.0.0.0:7070 --device cpu --memory-limit 16G --auth-token-file token
+//   genie-node --stats 127.0.0.1:7070 [--auth-token-file token]
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "genie/client/client.h"
+#include "genie/log.h"
+#include "genie/node/node_service.h"
+
+namespace {
+
+bool splitHostPort(const std::string& text, std::string* host, uint16_t* port) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = text.substr(0, colon);
+  try {
+    int value = std::stoi(text.substr(colon + 1));
+    if (value < 0 || value > 65535) return false;
+    *port = static_cast<uint16_t>(value);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return !host->empty();
+}
+
+std::string readToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read --auth-token-file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string token = text.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  return token;
+}
+
+int printStats(const std::string& address, const std::string& token) {
+  std::string host;
+  uint16_t port = 0;
+  if (!splitHostPort(address, &host, &port)) {
+    std::fprintf(stderr, "genie-node: --stats '%s' is not HOST:PORT\n", address.c_str());
+    return 2;
+  }
+  genie::client::ClientOptions options;
+  options.name = "genie-node --stats";
+  options.auth_token = token;
+  auto client = genie::client::Client::connect(host, port, options);
+  if (!client) {
+    std::fprintf(stderr, "genie-node: %s\n", client.status().toString().c_str());
+    return 1;
+  }
+  auto stats = (*client)->stats();
+  if (!stats) {
+    std::fprintf(stderr, "genie-node: %s\n", stats.status().toString().c_str());
+    return 1;
+  }
+  std::cout << fmt::format("sessions        {}\n", stats->sessions);
+  for (auto [residency, bytes] : stats->resident) {
+    std::cout << fmt::format("resident bytes  {:<20} {}\n", genie::wire::EnumNameResidency(residency), bytes);
+  }
+  std::cout << fmt::format("graphs cached   {}\nops executed    {}\nbytes in        {}\nbytes out       {}\n"
+                           "memory limit    {}\nuptime (s)      {:.1f}\n",
+                           stats->graphs_cached, stats->ops_executed, stats->bytes_in, stats->bytes_out,
+                           stats->memory_limit, stats->uptime_us / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"genie-node: executes Genie subgraphs on this machine's device, keeping tensors resident"};
+  std::string listen = "127.0.0.1:7070", device = "cpu", memory_limit = "0", token_file, log_level = "info", stats;
+  app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->envname("GENIE_NODE_LISTEN")
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda:N")->envname("GENIE_NODE_DEVICE")->capture_default_str();
+  app.add_option("--memory-limit", memory_limit, "bytes of resident tensors over all sessions (K/M/G/T suffix; 0: none)")
+      ->envname("GENIE_NODE_MEMORY_LIMIT")
+      ->capture_default_str();
+  app.add_option("--auth-token-file", token_file, "file whose content clients must present in Hello")
+      ->envname("GENIE_NODE_AUTH_TOKEN_FILE");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->envname("GENIE_LOG_LEVEL")->capture_default_str();
+  app.add_option("--stats", stats, "print the statistics of the node at HOST:PORT and exit");
+  CLI11_PARSE(app, argc, argv);
+  genie::logToStderr("genie-node");
+  if (!genie::setLogLevel(log_level)) {
+    std::fprintf(stderr, "genie-node: unknown --log-level '%s'\n", log_level.c_str());
+    return 2;
+  }
+  std::string token;
+  try {
+    if (!token_file.empty()) token = readToken(token_file);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "genie-node: %s\n", e.what());
+    return 2;
+  }
+  if (!stats.empty()) return printStats(stats, token);
+
+  genie::node::NodeConfig config;
+  if (!splitHostPort(listen, &config.host, &config.port)) {
+    std::fprintf(stderr, "genie-node: --listen '%s' is not HOST:PORT\n", listen.c_str());
+    return 2;
+  }
+  auto limit = genie::node::parseByteSize(memory_limit);
+  if (!limit) {
+    std::fprintf(stderr, "genie-node: --memory-limit: %s\n", limit.status().message().c_str());
+    return 2;
+  }
+  auto transport = genie::transport::WorkerConfig::fromEnvironment();
+  if (!transport) {
+    std::fprintf(stderr, "genie-node: %s\n", transport.status().message().c_str());
+    return 2;
+  }
+  config.transport = *transport;
+  config.memory_limit = *limit;
+  config.device = device;
+  config.auth_token = token;
+
+  // SIGTERM / SIGINT end the service cleanly; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto service = genie::node::NodeService::start(config);
+  if (!service) {
+    std::fprintf(stderr, "genie-node: %s\n", service.status().toString().c_str());
+    return 1;
+  }
+  std::printf("genie-node listening on %s:%u (device %s)\n", config.host.c_str(), (*service)->port(), device.c_str());
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&signals, &signal);
+  GENIE_LOG_INFO("genie-node: signal {}: shutting down", signal);
+  (*service)->stop();
+  return 0;
+}

@@ -2,6 +2,7 @@
 // ops run through Executor::run, against the same ops called directly through libtorch in
 // C++, in the same run. Report: time per op of each; their ratio is the executor overhead.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <benchmark/benchmark.h>
 
 #include "genie/node/executor.h"
@@ -68,6 +69,13 @@ void BM_DirectLibtorchChain(benchmark::State& state) {
                                                                    benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_DirectLibtorchChain)->Unit(benchmark::kMicrosecond);
+
+/// The same direct calls below autograd, as the executor runs them (c10::InferenceMode).
+void BM_DirectLibtorchChainInferenceMode(benchmark::State& state) {
+  c10::InferenceMode no_autograd;
+  BM_DirectLibtorchChain(state);
+}
+BENCHMARK(BM_DirectLibtorchChainInferenceMode)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

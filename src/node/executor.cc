@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
 #include <ATen/ScalarOps.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -387,6 +388,9 @@ ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, st
     return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
                           fmt::format("the graph takes {} scalars, {} given", graph.numScalarInputs(), scalars.size())};
   }
+  // Captured graphs are below autograd already (the frontend records at __torch_dispatch__,
+  // where backward ops appear as ops of their own), so the node runs them without it.
+  c10::InferenceMode no_autograd;
   std::vector<at::Tensor> values(graph.numValues());
   std::copy(inputs.begin(), inputs.end(), values.begin());
   torch::jit::Stack stack;
@@ -436,6 +440,10 @@ ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, st
       return fail(wire::ErrorCode::TorchError, e.what_without_backtrace());
     } catch (const std::exception& e) {
       return fail(wire::ErrorCode::TorchError, e.what());
+    }
+    if (stack.size() == 1 && stack[0].isTensor() && node.num_outputs == 1) {  // the common case
+      values[node.first_output_value] = std::move(stack[0]).toTensor();
+      continue;
     }
     outputs.clear();
     for (const c10::IValue& value : stack) flattenReturns(value, outputs);

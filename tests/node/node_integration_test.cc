@@ -55,6 +55,33 @@ uint64_t residentBytes(Client& client) {
   return total;
 }
 
+
+/// Puts `inputs` resident, registers `graph`, runs it returning `outputs`; the results.
+std::vector<at::Tensor> runThroughNode(Client& client, GraphBuilder& graph, const std::vector<at::Tensor>& inputs,
+                                       const std::vector<uint32_t>& outputs) {
+  std::vector<at::Tensor> results;
+  auto bytes = graph.finish();
+  auto id = client.registerGraph(wire::bytesOf(bytes));
+  EXPECT_TRUE(id.isOk()) << id.status().toString();
+  if (!id) return results;
+  wire::RunGraphArgs run;
+  run.graph_id = *id;
+  std::vector<wire::Handle> handles;
+  for (uint32_t i = 0; i < inputs.size(); ++i) {
+    handles.push_back(Client::newHandle());
+    Status put = client.putTensor(handles.back(), descOf(inputs[i]), wire::Residency::PersistentWeight,
+                                  bytesOf(inputs[i]));
+    EXPECT_TRUE(put.isOk()) << put.toString();
+    run.inputs.push_back({i, handles.back(), std::nullopt});
+  }
+  for (uint32_t value : outputs) run.outputs.push_back({value, wire::OutputAction::Return, {}, {}});
+  auto returned = client.runGraph(run);
+  EXPECT_TRUE(returned.isOk()) << returned.status().toString();
+  if (returned) for (const auto& r : *returned) results.push_back(tensorOf(r));
+  EXPECT_TRUE(client.freeTensors(handles).isOk());
+  return results;
+}
+
 /// Registers the chain relu(mm(x, w) + b) and returns its id and output value id.
 std::pair<wire::GraphId, uint32_t> registerChain(Client& client) {
   GraphBuilder g;
@@ -108,6 +135,118 @@ TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
   EXPECT_EQ(stats->ops_executed, 3u);
   ASSERT_TRUE(client->freeTensors(std::vector<wire::Handle>{hw, hb, hy}).isOk());
   EXPECT_EQ(residentBytes(*client), 0u);
+}
+
+
+TEST(NodeIntegration, TwoLayerMlpEqualsEager) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::manual_seed(1);
+  std::vector<at::Tensor> in = {at::randn({32, 64}), at::randn({128, 64}), at::randn({128}), at::randn({10, 128}),
+                                at::randn({10})};
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {32, 64}), w1 = g.input(DType::Float32, {128, 64});
+  uint32_t b1 = g.input(DType::Float32, {128}), w2 = g.input(DType::Float32, {10, 128});
+  uint32_t b2 = g.input(DType::Float32, {10});
+  uint32_t w1t = g.op("aten::t", "", {T(w1)});
+  uint32_t h = g.op("aten::addmm", "", {T(b1), T(x), T(w1t)});
+  uint32_t r = g.op("aten::relu", "", {T(h)});
+  uint32_t y = g.op("aten::linear", "", {T(r), T(w2), T(b2)});
+  auto out = runThroughNode(*client, g, in, {y});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(at::equal(out[0], at::linear(at::relu(at::addmm(in[2], in[0], in[1].t())), in[3], in[4])));
+}
+
+TEST(NodeIntegration, ConvBatchNormPoolEqualsEager) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::manual_seed(2);
+  std::vector<at::Tensor> in = {at::randn({2, 3, 16, 16}), at::randn({8, 3, 3, 3}), at::randn({8}),
+                                at::rand({8}) + 0.5, at::randn({8}), at::randn({8})};
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 3, 16, 16}), w = g.input(DType::Float32, {8, 3, 3, 3});
+  uint32_t mean = g.input(DType::Float32, {8}), var = g.input(DType::Float32, {8});
+  uint32_t gamma = g.input(DType::Float32, {8}), beta = g.input(DType::Float32, {8});
+  uint32_t conv = g.op("aten::conv2d", "", {T(x), T(w), None(), Ints({1, 1}), Ints({1, 1})});
+  uint32_t bn = g.op("aten::batch_norm", "",
+                     {T(conv), T(gamma), T(beta), T(mean), T(var), B(false), D(0.1), D(1e-5), B(false)});
+  uint32_t relu = g.op("aten::relu", "", {T(bn)});
+  uint32_t pool = g.op("aten::max_pool2d", "", {T(relu), Ints({2, 2}), Named("stride", I(2))});
+  auto out = runThroughNode(*client, g, in, {pool});
+  ASSERT_EQ(out.size(), 1u);
+  at::Tensor expected = at::max_pool2d(
+      at::relu(at::batch_norm(at::conv2d(in[0], in[1], {}, {1, 1}, {1, 1}), in[4], in[5], in[2], in[3], false, 0.1,
+                              1e-5, false)),
+      {2, 2}, {2, 2});
+  EXPECT_TRUE(at::equal(out[0], expected));
+}
+
+TEST(NodeIntegration, AttentionBlockMatchesEager) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::manual_seed(3);
+  std::vector<at::Tensor> in = {at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32})};
+  GraphBuilder g;
+  uint32_t q = g.input(DType::Float32, {2, 4, 16, 32}), k = g.input(DType::Float32, {2, 4, 16, 32});
+  uint32_t v = g.input(DType::Float32, {2, 4, 16, 32});
+  uint32_t out = g.op("aten::scaled_dot_product_attention", "", {T(q), T(k), T(v), None(), D(0.0), B(true)});
+  auto results = runThroughNode(*client, g, in, {out});
+  ASSERT_EQ(results.size(), 1u);
+  // Same kernels on the same CPU: the tolerance only covers a different thread split.
+  EXPECT_TRUE(at::allclose(results[0], at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, true), 1e-5, 1e-6));
+}
+
+TEST(NodeIntegration, SeveralOutputsAndInPlaceOnAResidentTensor) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::Tensor x = at::randn({6, 5}), cache = at::zeros({6, 5});
+  // A resident "KV cache" updated in place by a graph, then read back.
+  wire::Handle hcache = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hcache, descOf(cache), wire::Residency::StatefulKvCache, bytesOf(cache)).isOk());
+  GraphBuilder g;
+  uint32_t gx = g.input(DType::Float32, {6, 5}), gc = g.input(DType::Float32, {6, 5});
+  uint32_t max = g.op("aten::max", "dim", {T(gx), I(1), B(false)}, 2);
+  g.op("aten::add_", "Tensor", {T(gc), T(gx)});
+  auto bytes = g.finish();
+  auto id = client->registerGraph(wire::bytesOf(bytes));
+  ASSERT_TRUE(id.isOk()) << id.status().toString();
+  wire::RunGraphArgs run;
+  run.graph_id = *id;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(x);
+  run.inputs = {{gx, {}, inline_x}, {gc, hcache, std::nullopt}};
+  run.outputs = {{max, wire::OutputAction::Return, {}, {}}, {max + 1, wire::OutputAction::Return, {}, {}}};
+  for (int step = 1; step <= 2; ++step) {
+    auto out = client->runGraph(run, bytesOf(x));
+    ASSERT_TRUE(out.isOk()) << out.status().toString();
+    ASSERT_EQ(out->size(), 2u);
+    auto [values, indices] = at::max(x, 1);
+    EXPECT_TRUE(at::equal(tensorOf((*out)[0]), values));
+    EXPECT_TRUE(at::equal(tensorOf((*out)[1]), indices));
+    auto resident = client->getTensor(hcache);
+    ASSERT_TRUE(resident.isOk());
+    EXPECT_TRUE(at::equal(tensorOf(*resident), x * step));  // the cache itself grew, in place
+  }
+}
+
+TEST(NodeIntegration, ArgumentsOfTheWrongTypeAreRefusedNamingTheArgument) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 2});
+  g.op("aten::mm", "", {T(x), Ints({2, 2})});
+  auto bytes = g.finish();
+  ASSERT_FALSE(client->registerGraph(wire::bytesOf(bytes)).isOk());
+  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::SchemaMismatch);
+  EXPECT_EQ(client->lastRemoteError().op_index, 0);
+  EXPECT_NE(client->lastRemoteError().message.find("argument 'mat2'"), std::string::npos)
+      << client->lastRemoteError().message;
+  EXPECT_TRUE(client->ping().isOk());
 }
 
 TEST(NodeIntegration, WrongTokenAndWrongVersionAreRefused) {

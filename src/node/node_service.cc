@@ -96,6 +96,21 @@ at::Tensor allocate(const wire::TensorDesc& desc, c10::Device device) {
   return at::empty({elements}, options).as_strided(shape, strides, desc.storage_offset());
 }
 
+/// Moves a tensor received in host memory (laid out as `desc`) to the node's device, storage
+/// span and all. On the CPU it is the tensor itself; on a GPU it is one staged copy (the
+/// payload lands in host memory first; UCX could write device memory directly where it is
+/// built with CUDA, which is not done yet).
+at::Tensor onDevice(at::Tensor host, const wire::TensorDesc& desc, c10::Device device) {
+  if (device.is_cpu()) return host;
+  at::Tensor placed = allocate(desc, device);
+  if (desc.nbytes() == 0) return placed;
+  const auto bytes = static_cast<int64_t>(desc.nbytes());
+  at::Tensor to = at::from_blob(placed.storage().mutable_data(), {bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor from = at::from_blob(host.storage().mutable_data(), {bytes}, at::TensorOptions().dtype(at::kByte));
+  to.copy_(from);
+  return placed;
+}
+
 /// The bytes of a tensor's storage span, as they travel (wire::TensorDesc.nbytes).
 std::byte* storageBytes(const at::Tensor& t) {
   return static_cast<std::byte*>(t.storage().mutable_data());
@@ -301,7 +316,7 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
       return RequestError{ErrorCode::DuplicateHandle,
                           fmt::format("PutTensors.tensors[{}]: handle {} is already in use", i, wire::toString(*slot->handle()))};
     }
-    made.push_back(allocate(*slot->desc(), node.device));
+    made.push_back(allocate(*slot->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
   }
   // Payload: straight into the storage when it is one tensor, else one staging copy.
   if (message.payloadSize() > 0) {
@@ -320,6 +335,7 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
   }
   for (uint32_t i = 0; i < slots->size(); ++i) {
     const auto* slot = slots->Get(i);
+    made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
     if (auto error = store(*slot->handle(), made[i], slot->residency())) {
       for (uint32_t j = 0; j < i; ++j) release(*slots->Get(j)->handle());
       return error;
@@ -436,9 +452,9 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
       inputs[binding->input()] = it->second.tensor;
     } else {
       const wire::TensorSlot* slot = binding->inline_();
-      at::Tensor t = allocate(*slot->desc(), node.device);
+      at::Tensor t = allocate(*slot->desc(), c10::Device(c10::kCPU));
       if (slot->desc()->nbytes()) std::memcpy(storageBytes(t), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
-      inputs[binding->input()] = t;
+      inputs[binding->input()] = onDevice(std::move(t), *slot->desc(), node.device);
     }
   }
   for (size_t i = 0; i < inputs.size(); ++i) {

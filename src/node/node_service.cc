@@ -131,7 +131,7 @@ struct NodeService::Impl {
   MemoryAccount memory{0};
   Clock::time_point started = Clock::now();
 
-  std::mutex graphs_mutex;
+  mutable std::mutex graphs_mutex;
   std::unordered_map<wire::GraphId, std::shared_ptr<const CompiledGraph>, wire::GraphIdHash, wire::GraphIdEqual> graphs;
 
   // Progress thread only (and stop()): open connections, and the sessions said Hello on them.
@@ -152,6 +152,23 @@ struct NodeService::Impl {
   void endSession(const Endpoint* endpoint);
   void reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload = {},
              std::shared_ptr<void> keep_alive = nullptr);
+  wire::StatsArgs collectStats() const {
+    wire::StatsArgs stats;
+    stats.sessions = session_count.load();
+    uint64_t by_class[4];
+    memory.snapshot(by_class);
+    for (int r = 0; r < 4; ++r) stats.resident.emplace_back(static_cast<wire::Residency>(r), by_class[r]);
+    {
+      std::lock_guard<std::mutex> lock(graphs_mutex);
+      stats.graphs_cached = graphs.size();
+    }
+    stats.ops_executed = ops_executed.load();
+    stats.bytes_in = worker->bytesReceived();
+    stats.bytes_out = worker->bytesSent();
+    stats.memory_limit = memory.limit();
+    stats.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
+    return stats;
+  }
   void replyError(Endpoint& to, uint64_t request_id, const RequestError& error) {
     reply(to, wire::buildError(request_id, error.code, error.message, error.op_index, error.op_name));
   }
@@ -554,25 +571,8 @@ void NodeService::Impl::onMessage(InboundMessage message) {
       message.releasePayload();
       return reply(*from, wire::buildPong(id, msg->body_as_Ping()->timestamp_ns()));
     }
-    case wire::Body::StatsRequest: {
-      NodeStats s;
-      s.sessions = session_count.load();
-      memory.snapshot(s.resident_bytes);
-      {
-        std::lock_guard<std::mutex> lock(graphs_mutex);
-        s.graphs_cached = graphs.size();
-      }
-      wire::StatsArgs args;
-      args.sessions = s.sessions;
-      for (int r = 0; r < 4; ++r) args.resident.emplace_back(static_cast<wire::Residency>(r), s.resident_bytes[r]);
-      args.graphs_cached = s.graphs_cached;
-      args.ops_executed = ops_executed.load();
-      args.bytes_in = worker->bytesReceived();
-      args.bytes_out = worker->bytesSent();
-      args.memory_limit = memory.limit();
-      args.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
-      return reply(*from, wire::buildStats(id, args));
-    }
+    case wire::Body::StatsRequest:
+      return reply(*from, wire::buildStats(id, collectStats()));
     case wire::Body::Goodbye:
       return endSession(from.get());
     default:
@@ -639,20 +639,7 @@ Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config
 
 uint16_t NodeService::port() const { return impl_->listener ? impl_->listener->port() : 0; }
 
-NodeStats NodeService::stats() const {
-  NodeStats s;
-  s.sessions = impl_->session_count.load();
-  impl_->memory.snapshot(s.resident_bytes);
-  {
-    std::lock_guard<std::mutex> lock(impl_->graphs_mutex);
-    s.graphs_cached = impl_->graphs.size();
-  }
-  s.ops_executed = impl_->ops_executed.load();
-  s.bytes_in = impl_->worker->bytesReceived();
-  s.bytes_out = impl_->worker->bytesSent();
-  s.memory_limit = impl_->memory.limit();
-  return s;
-}
+wire::StatsArgs NodeService::stats() const { return impl_->collectStats(); }
 
 void NodeService::stop() {
   if (impl_->stopped) return;
@@ -680,24 +667,6 @@ void NodeService::stop() {
   impl_->session_count = 0;
   impl_->listener.reset();
   impl_->worker->shutdown();
-}
-
-Result<uint64_t> parseByteSize(const std::string& text) {
-  if (text.empty()) return GENIE_ERROR(kInvalidArgument, "empty size");
-  uint64_t multiplier = 1;
-  std::string digits = text;
-  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-    case 'K': multiplier = uint64_t{1} << 10; break;
-    case 'M': multiplier = uint64_t{1} << 20; break;
-    case 'G': multiplier = uint64_t{1} << 30; break;
-    case 'T': multiplier = uint64_t{1} << 40; break;
-    default: break;
-  }
-  if (multiplier != 1) digits.pop_back();
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
-    return GENIE_ERROR(kInvalidArgument, "'{}' is not a size (e.g. 1024, 512M, 16G)", text);
-  }
-  return std::stoull(digits) * multiplier;
 }
 
 }  // namespace genie::node

@@ -15,34 +15,13 @@
 #include <spdlog/spdlog.h>
 
 #include "genie/transport/config.h"
+#include "genie/units.h"
 #include "genie/transport/worker.h"
 #include "transport_bench.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
-
-/// "8", "64K", "1M", "64M", "1G" -> bytes (K = 2^10).
-genie::Result<size_t> parseSize(const std::string& text) {
-  if (text.empty()) return GENIE_ERROR(kInvalidArgument, "empty size");
-  size_t multiplier = 1;
-  std::string digits = text;
-  switch (std::toupper(text.back())) {
-    case 'K': multiplier = size_t{1} << 10; break;
-    case 'M': multiplier = size_t{1} << 20; break;
-    case 'G': multiplier = size_t{1} << 30; break;
-    default: break;
-  }
-  if (multiplier != 1) digits.pop_back();
-  try {
-    size_t used = 0;
-    unsigned long long value = std::stoull(digits, &used);
-    if (used != digits.size()) throw std::invalid_argument(text);
-    return static_cast<size_t>(value) * multiplier;
-  } catch (const std::exception&) {
-    return GENIE_ERROR(kInvalidArgument, "'{}' is not a size (e.g. 8, 64K, 1M, 1G)", text);
-  }
-}
 
 }  // namespace
 
@@ -95,7 +74,7 @@ int main(int argc, char** argv) {
   }
   options.sizes.clear();
   for (const auto& text : sizes) {
-    auto size = parseSize(text);
+    auto size = genie::parseByteSize(text);
     if (!size) {
       std::fprintf(stderr, "genie-bench: %s\n", size.status().message().c_str());
       return 2;

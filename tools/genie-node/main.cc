@@ -15,6 +15,7 @@
 #include "genie/client/client.h"
 #include "genie/log.h"
 #include "genie/node/node_service.h"
+#include "genie/units.h"
 
 namespace {
 
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "genie-node: --listen '%s' is not HOST:PORT\n", listen.c_str());
     return 2;
   }
-  auto limit = genie::node::parseByteSize(memory_limit);
+  auto limit = genie::parseByteSize(memory_limit);
   if (!limit) {
     std::fprintf(stderr, "genie-node: --memory-limit: %s\n", limit.status().message().c_str());
     return 2;

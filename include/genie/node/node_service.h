@@ -17,6 +17,7 @@
 
 #include "genie/status.h"
 #include "genie/transport/config.h"
+#include "genie/wire/codec.h"
 
 namespace genie::node {
 
@@ -30,18 +31,6 @@ struct NodeConfig {
   transport::WorkerConfig transport;
 };
 
-/// Counters reported by the Stats message (`genie-node --stats`).
-struct NodeStats {
-  uint32_t sessions = 0;
-  uint64_t resident_bytes[4] = {};  // by wire::Residency value
-  uint64_t graphs_cached = 0;
-  uint64_t ops_executed = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  uint64_t memory_limit = 0;
-  uint64_t uptime_us = 0;
-};
-
 class NodeService {
  public:
   /// Starts the progress thread and listens. Errors: kInvalidArgument (device), listen errors.
@@ -49,7 +38,8 @@ class NodeService {
   ~NodeService();
 
   uint16_t port() const;
-  NodeStats stats() const;
+  /// What the Stats message reports: sessions, resident bytes by class, graphs, ops, bytes.
+  wire::StatsArgs stats() const;
   /// Says Goodbye to every session, frees their memory, stops the data plane. Idempotent.
   void stop();
 
@@ -59,8 +49,5 @@ class NodeService {
   explicit NodeService(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-/// "16G", "512M", "1024" (bytes; K, M, G, T = 2^10..2^40). Errors: kInvalidArgument.
-Result<uint64_t> parseByteSize(const std::string& text);
 
 }  // namespace genie::node

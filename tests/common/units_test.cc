@@ -1,0 +1,27 @@
+#include <gtest/gtest.h>
+
+#include "genie/units.h"
+
+namespace genie {
+namespace {
+
+TEST(ParseByteSize, PlainAndSuffixed) {
+  EXPECT_EQ(*parseByteSize("0"), 0u);
+  EXPECT_EQ(*parseByteSize("1024"), 1024u);
+  EXPECT_EQ(*parseByteSize("64K"), 64u << 10);
+  EXPECT_EQ(*parseByteSize("1m"), 1u << 20);
+  EXPECT_EQ(*parseByteSize("16G"), uint64_t{16} << 30);
+  EXPECT_EQ(*parseByteSize("2T"), uint64_t{2} << 40);
+}
+
+TEST(ParseByteSize, RefusesWhatIsNotASize) {
+  for (const char* bad : {"", "K", "12Q", "-1", "1.5G", "1 G", "99999999999999999999", "20000000000T"}) {
+    auto parsed = parseByteSize(bad);
+    ASSERT_FALSE(parsed.isOk()) << bad;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(std::string("'") + bad + "'"), std::string::npos) << parsed.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace genie

@@ -13,5 +13,14 @@ echo "== C++ tests (ctest)"
 # One test at a time: the transport tests busy-poll and check time bounds (2 cores here).
 ctest --test-dir build --output-on-failure --timeout 300
 
+echo "== C++ tests under AddressSanitizer and UBSan (wire, transport; no torch)"
+if [ ! -f build-asan/build.ninja ]; then
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGENIE_BUILD_NODE=OFF -DGENIE_BUILD_FUZZERS=OFF \
+    -DGENIE_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
+fi
+cmake --build build-asan -j "$(nproc)" --target wire_codec_test units_test transport_conformance_test \
+  bench_smoke_test transport_peer
+UBSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-asan --output-on-failure --timeout 300 -R "Wire|Parse|Ucx"
+
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q tests/python

@@ -19,6 +19,8 @@ const Message* mustVerify(const flatbuffers::DetachedBuffer& buf, size_t payload
   EXPECT_TRUE(r.isOk()) << r.status().toString();
   return r.isOk() ? r.value() : nullptr;
 }
+// The Message points into the buffer: a temporary buffer would leave it dangling.
+const Message* mustVerify(flatbuffers::DetachedBuffer&& buf, size_t payload_bytes = 0) = delete;
 
 std::vector<int64_t> toVector(const flatbuffers::Vector<int64_t>* v) {
   return v ? std::vector<int64_t>(v->begin(), v->end()) : std::vector<int64_t>();
@@ -394,7 +396,8 @@ TEST(WireRoundTrip, FreeTensors) {
   EXPECT_FALSE(f->want_reply());
   ASSERT_EQ(f->handles()->size(), 3u);
   expectHandle(f->handles()->Get(2), handle(6));
-  const Message* d = mustVerify(buildFreeTensors(14, handles));
+  auto with_reply = buildFreeTensors(14, handles);  // must outlive `d`, which points into it
+  const Message* d = mustVerify(with_reply);
   ASSERT_NE(d, nullptr);
   EXPECT_TRUE(d->body_as_FreeTensors()->want_reply());
 }
@@ -529,21 +532,24 @@ TEST(WireRoundTrip, Error) {
   EXPECT_EQ(stringOf(e->message()), "no aten::frob");
   EXPECT_EQ(e->op_index(), 3);
   EXPECT_EQ(stringOf(e->op_name()), "aten::frob.default");
-  const Message* plain = mustVerify(buildError(20, ErrorCode::Internal, "boom"));
+  auto plain_buf = buildError(20, ErrorCode::Internal, "boom");
+  const Message* plain = mustVerify(plain_buf);
   ASSERT_NE(plain, nullptr);
   EXPECT_EQ(plain->body_as_Error()->op_index(), -1);
   EXPECT_EQ(plain->body_as_Error()->op_name(), nullptr);
 }
 
 TEST(WireRoundTrip, Ack) {
-  const Message* m = mustVerify(buildAck(21, 17));
+  auto m_buf = buildAck(21, 17);
+  const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->request_id(), 21u);
   EXPECT_EQ(m->body_as_Ack()->count(), 17u);
 }
 
 TEST(WireRoundTrip, StatsRequest) {
-  const Message* m = mustVerify(buildStatsRequest(22));
+  auto m_buf = buildStatsRequest(22);
+  const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->body_type(), Body::StatsRequest);
   EXPECT_NE(m->body_as_StatsRequest(), nullptr);
@@ -559,7 +565,8 @@ TEST(WireRoundTrip, Stats) {
   s.bytes_out = 7;
   s.memory_limit = 8;
   s.uptime_us = 9;
-  const Message* m = mustVerify(buildStats(23, s));
+  auto m_buf = buildStats(23, s);
+  const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
   const Stats* r = m->body_as_Stats();
   EXPECT_EQ(r->sessions(), 3u);
@@ -575,17 +582,20 @@ TEST(WireRoundTrip, Stats) {
 }
 
 TEST(WireRoundTrip, PingAndPong) {
-  const Message* ping = mustVerify(buildPing(24, 123456789));
+  auto ping_buf = buildPing(24, 123456789);
+  const Message* ping = mustVerify(ping_buf);
   ASSERT_NE(ping, nullptr);
   EXPECT_EQ(ping->body_as_Ping()->timestamp_ns(), 123456789u);
-  const Message* pong = mustVerify(buildPong(24, 987654321));
+  auto pong_buf = buildPong(24, 987654321);
+  const Message* pong = mustVerify(pong_buf);
   ASSERT_NE(pong, nullptr);
   EXPECT_EQ(pong->body_type(), Body::Pong);
   EXPECT_EQ(pong->body_as_Pong()->timestamp_ns(), 987654321u);
 }
 
 TEST(WireRoundTrip, Goodbye) {
-  const Message* m = mustVerify(buildGoodbye(25, "client exit"));
+  auto m_buf = buildGoodbye(25, "client exit");
+  const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(stringOf(m->body_as_Goodbye()->reason()), "client exit");
 }
@@ -610,7 +620,8 @@ TEST(WireRoundTrip, BenchDataEndAndReport) {
 
   flatbuffers::FlatBufferBuilder report_fbb;
   finishMessage(report_fbb, 31, CreateBenchReport(report_fbb, 42, 1 << 30, 777));
-  const Message* r = mustVerify(report_fbb.Release());
+  auto report = report_fbb.Release();
+  const Message* r = mustVerify(report);
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->body_as_BenchReport()->messages(), 42u);
   EXPECT_EQ(r->body_as_BenchReport()->bytes(), 1u << 30);

@@ -32,9 +32,17 @@ struct Operation {
 constexpr size_t kPoolLimit = 1024;
 constexpr size_t kKeepCapacity = 4096;  // bytes of header kept by a pooled operation
 
+/// Operations kept for reuse by one thread; freed when the thread ends.
+struct OperationPool {
+  std::vector<Operation*> free;
+  ~OperationPool() {
+    for (Operation* op : free) delete op;
+  }
+};
+
 std::vector<Operation*>& operationPool() {
-  thread_local std::vector<Operation*> pool;
-  return pool;
+  thread_local OperationPool pool;
+  return pool.free;
 }
 
 Operation* newOperation(Callback done, const char* verb, const std::shared_ptr<EndpointState>& state) {

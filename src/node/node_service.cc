@@ -40,9 +40,11 @@ wire::Handle randomHandle() {
 
 /// A failed request: the wire error to answer with.
 struct RequestError {
+  RequestError(ErrorCode code, std::string message, int32_t op_index = -1, std::string op_name = {})
+      : code(code), message(std::move(message)), op_index(op_index), op_name(std::move(op_name)) {}
   ErrorCode code;
   std::string message;
-  int32_t op_index = -1;
+  int32_t op_index;
   std::string op_name;
 };
 

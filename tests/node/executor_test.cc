@@ -5,6 +5,7 @@
 
 #include "genie/node/executor.h"
 #include "graph_builder.h"
+#include "sample_models.h"
 
 namespace genie::node {
 namespace {
@@ -57,86 +58,41 @@ class ExecutorTest : public ::testing::Test {
   Executor executor{c10::Device(c10::kCPU)};
 };
 
+/// Compiles and runs a sample model; the value of its output.
+at::Tensor runModel(const Executor& executor, SampleModel& model) {
+  auto compiled = compileOrFail(executor, model.graph);
+  if (!compiled.graph) return {};
+  auto values = runOrFail(executor, *compiled.graph, model.inputs);
+  return values.empty() ? at::Tensor() : values[model.output];
+}
+
 TEST_F(ExecutorTest, MatmulAddReluChainEqualsEager) {
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {4, 8});
-  uint32_t w = g.input(DType::Float32, {8, 16});
-  uint32_t b = g.input(DType::Float32, {16});
-  uint32_t mm = g.op("aten::mm", "", {T(x), T(w)});
-  uint32_t add = g.op("aten::add", "Tensor", {T(mm), T(b)});
-  uint32_t relu = g.op("aten::relu", "", {T(add)});
-  auto compiled = compileOrFail(executor, g);
-  ASSERT_NE(compiled.graph, nullptr);
-  at::Tensor tx = at::randn({4, 8}), tw = at::randn({8, 16}), tb = at::randn({16});
-  auto values = runOrFail(executor, *compiled.graph, {tx, tw, tb});
-  ASSERT_EQ(values.size(), 6u);
-  EXPECT_TRUE(at::equal(values[relu], at::relu(at::mm(tx, tw) + tb)));
+  SampleModel model = chainModel();
+  at::Tensor result = runModel(executor, model);
+  ASSERT_TRUE(result.defined());
+  EXPECT_TRUE(at::equal(result, model.expected));
 }
 
 TEST_F(ExecutorTest, TwoLayerMlpEqualsEager) {
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {32, 64});
-  uint32_t w1 = g.input(DType::Float32, {128, 64});
-  uint32_t b1 = g.input(DType::Float32, {128});
-  uint32_t w2 = g.input(DType::Float32, {10, 128});
-  uint32_t b2 = g.input(DType::Float32, {10});
-  uint32_t h = g.op("aten::linear", "", {T(x), T(w1), T(b1)});
-  uint32_t r = g.op("aten::relu", "", {T(h)});
-  uint32_t y = g.op("aten::linear", "", {T(r), T(w2), T(b2)});
-  auto compiled = compileOrFail(executor, g);
-  ASSERT_NE(compiled.graph, nullptr);
-  std::vector<at::Tensor> in = {at::randn({32, 64}), at::randn({128, 64}), at::randn({128}), at::randn({10, 128}),
-                                at::randn({10})};
-  auto values = runOrFail(executor, *compiled.graph, in);
-  ASSERT_FALSE(values.empty());
-  at::Tensor expected = at::linear(at::relu(at::linear(in[0], in[1], in[2])), in[3], in[4]);
-  EXPECT_TRUE(at::equal(values[y], expected));
+  SampleModel model = mlpModel();
+  at::Tensor result = runModel(executor, model);
+  ASSERT_TRUE(result.defined());
+  EXPECT_TRUE(at::equal(result, model.expected));
 }
 
 TEST_F(ExecutorTest, ConvBatchNormPoolEqualsEager) {
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {2, 3, 16, 16});
-  uint32_t w = g.input(DType::Float32, {8, 3, 3, 3});
-  uint32_t mean = g.input(DType::Float32, {8});
-  uint32_t var = g.input(DType::Float32, {8});
-  uint32_t gamma = g.input(DType::Float32, {8});
-  uint32_t beta = g.input(DType::Float32, {8});
-  uint32_t conv = g.op("aten::conv2d", "", {T(x), T(w), None(), Ints({1, 1}), Ints({1, 1})});
-  uint32_t bn = g.op("aten::batch_norm", "",
-                     {T(conv), T(gamma), T(beta), T(mean), T(var), B(false), D(0.1), D(1e-5), B(false)});
-  uint32_t relu = g.op("aten::relu", "", {T(bn)});
-  uint32_t pool = g.op("aten::max_pool2d", "", {T(relu), Ints({2, 2}), Named("stride", I(2))});
-  auto compiled = compileOrFail(executor, g);
-  ASSERT_NE(compiled.graph, nullptr);
-  std::vector<at::Tensor> in = {at::randn({2, 3, 16, 16}), at::randn({8, 3, 3, 3}), at::randn({8}),
-                                at::rand({8}) + 0.5, at::randn({8}), at::randn({8})};
-  auto values = runOrFail(executor, *compiled.graph, in);
-  ASSERT_FALSE(values.empty());
-  at::Tensor expected = at::max_pool2d(
-      at::relu(at::batch_norm(at::conv2d(in[0], in[1], {}, {1, 1}, {1, 1}), in[4], in[5], in[2], in[3], false, 0.1,
-                              1e-5, false)),
-      {2, 2}, {2, 2});
-  EXPECT_EQ(values[pool].sizes(), at::IntArrayRef({2, 8, 8, 8}));
-  EXPECT_TRUE(at::equal(values[pool], expected));
+  SampleModel model = convBnPoolModel();
+  at::Tensor result = runModel(executor, model);
+  ASSERT_TRUE(result.defined());
+  EXPECT_EQ(result.sizes(), at::IntArrayRef({2, 8, 8, 8}));
+  EXPECT_TRUE(at::equal(result, model.expected));
 }
 
 TEST_F(ExecutorTest, AttentionBlockMatchesEagerWithinTolerance) {
-  GraphBuilder g;
-  uint32_t q = g.input(DType::Float32, {2, 4, 16, 32});
-  uint32_t k = g.input(DType::Float32, {2, 4, 16, 32});
-  uint32_t v = g.input(DType::Float32, {2, 4, 16, 32});
-  uint32_t out = g.op("aten::scaled_dot_product_attention", "",
-                      {T(q), T(k), T(v), None(), D(0.0), B(true)});
-  uint32_t t = g.op("aten::transpose", "int", {T(out), I(1), I(2)});
-  uint32_t flat = g.op("aten::reshape", "", {T(t), Ints({2, 16, 128})});
-  auto compiled = compileOrFail(executor, g);
-  ASSERT_NE(compiled.graph, nullptr);
-  std::vector<at::Tensor> in = {at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32})};
-  auto values = runOrFail(executor, *compiled.graph, in);
-  ASSERT_FALSE(values.empty());
-  at::Tensor expected =
-      at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, true).transpose(1, 2).reshape({2, 16, 128});
-  EXPECT_TRUE(at::allclose(values[flat], expected, /*rtol=*/1e-5, /*atol=*/1e-6));
+  SampleModel model = attentionModel();
+  at::Tensor result = runModel(executor, model);
+  ASSERT_TRUE(result.defined());
+  EXPECT_TRUE(at::allclose(result, model.expected, /*rtol=*/1e-5, /*atol=*/1e-6));
 }
 
 TEST_F(ExecutorTest, OpsWithSeveralOutputs) {

@@ -10,6 +10,7 @@
 #include "genie/node/executor.h"
 #include "graph_builder.h"
 #include "node_process.h"
+#include "sample_models.h"
 
 namespace genie::node {
 namespace {
@@ -82,20 +83,16 @@ std::vector<at::Tensor> runThroughNode(Client& client, GraphBuilder& graph, cons
   return results;
 }
 
-/// Registers the chain relu(mm(x, w) + b) and returns its id and output value id.
+/// Registers the chain relu(mm(x, w) + b) (chainModel) and returns its id and output value id.
 std::pair<wire::GraphId, uint32_t> registerChain(Client& client) {
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {4, 8});
-  uint32_t w = g.input(DType::Float32, {8, 16});
-  uint32_t b = g.input(DType::Float32, {16});
-  uint32_t mm = g.op("aten::mm", "", {T(x), T(w)});
-  uint32_t add = g.op("aten::add", "Tensor", {T(mm), T(b)});
-  uint32_t relu = g.op("aten::relu", "", {T(add)});
-  auto bytes = g.finish();
+  SampleModel chain = chainModel();
+  auto bytes = chain.graph.finish();
   auto id = client.registerGraph(wire::bytesOf(bytes));
   EXPECT_TRUE(id.isOk()) << id.status().toString();
-  if (id) EXPECT_TRUE(*id == wire::hashGraph(wire::bytesOf(bytes)));
-  return {id.isOk() ? *id : wire::GraphId(), relu};
+  if (id) {
+    EXPECT_TRUE(*id == wire::hashGraph(wire::bytesOf(bytes)));
+  }
+  return {id.isOk() ? *id : wire::GraphId(), chain.output};
 }
 
 TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
@@ -143,19 +140,10 @@ TEST(NodeIntegration, TwoLayerMlpEqualsEager) {
   auto client = connectOrFail(node.port());
   ASSERT_NE(client, nullptr);
   at::manual_seed(1);
-  std::vector<at::Tensor> in = {at::randn({32, 64}), at::randn({128, 64}), at::randn({128}), at::randn({10, 128}),
-                                at::randn({10})};
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {32, 64}), w1 = g.input(DType::Float32, {128, 64});
-  uint32_t b1 = g.input(DType::Float32, {128}), w2 = g.input(DType::Float32, {10, 128});
-  uint32_t b2 = g.input(DType::Float32, {10});
-  uint32_t w1t = g.op("aten::t", "", {T(w1)});
-  uint32_t h = g.op("aten::addmm", "", {T(b1), T(x), T(w1t)});
-  uint32_t r = g.op("aten::relu", "", {T(h)});
-  uint32_t y = g.op("aten::linear", "", {T(r), T(w2), T(b2)});
-  auto out = runThroughNode(*client, g, in, {y});
+  SampleModel model = mlpModel();
+  auto out = runThroughNode(*client, model.graph, model.inputs, {model.output});
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(at::equal(out[0], at::linear(at::relu(at::addmm(in[2], in[0], in[1].t())), in[3], in[4])));
+  EXPECT_TRUE(at::equal(out[0], model.expected));
 }
 
 TEST(NodeIntegration, ConvBatchNormPoolEqualsEager) {
@@ -163,24 +151,10 @@ TEST(NodeIntegration, ConvBatchNormPoolEqualsEager) {
   auto client = connectOrFail(node.port());
   ASSERT_NE(client, nullptr);
   at::manual_seed(2);
-  std::vector<at::Tensor> in = {at::randn({2, 3, 16, 16}), at::randn({8, 3, 3, 3}), at::randn({8}),
-                                at::rand({8}) + 0.5, at::randn({8}), at::randn({8})};
-  GraphBuilder g;
-  uint32_t x = g.input(DType::Float32, {2, 3, 16, 16}), w = g.input(DType::Float32, {8, 3, 3, 3});
-  uint32_t mean = g.input(DType::Float32, {8}), var = g.input(DType::Float32, {8});
-  uint32_t gamma = g.input(DType::Float32, {8}), beta = g.input(DType::Float32, {8});
-  uint32_t conv = g.op("aten::conv2d", "", {T(x), T(w), None(), Ints({1, 1}), Ints({1, 1})});
-  uint32_t bn = g.op("aten::batch_norm", "",
-                     {T(conv), T(gamma), T(beta), T(mean), T(var), B(false), D(0.1), D(1e-5), B(false)});
-  uint32_t relu = g.op("aten::relu", "", {T(bn)});
-  uint32_t pool = g.op("aten::max_pool2d", "", {T(relu), Ints({2, 2}), Named("stride", I(2))});
-  auto out = runThroughNode(*client, g, in, {pool});
+  SampleModel model = convBnPoolModel();
+  auto out = runThroughNode(*client, model.graph, model.inputs, {model.output});
   ASSERT_EQ(out.size(), 1u);
-  at::Tensor expected = at::max_pool2d(
-      at::relu(at::batch_norm(at::conv2d(in[0], in[1], {}, {1, 1}, {1, 1}), in[4], in[5], in[2], in[3], false, 0.1,
-                              1e-5, false)),
-      {2, 2}, {2, 2});
-  EXPECT_TRUE(at::equal(out[0], expected));
+  EXPECT_TRUE(at::equal(out[0], model.expected));
 }
 
 TEST(NodeIntegration, AttentionBlockMatchesEager) {
@@ -188,15 +162,11 @@ TEST(NodeIntegration, AttentionBlockMatchesEager) {
   auto client = connectOrFail(node.port());
   ASSERT_NE(client, nullptr);
   at::manual_seed(3);
-  std::vector<at::Tensor> in = {at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32}), at::randn({2, 4, 16, 32})};
-  GraphBuilder g;
-  uint32_t q = g.input(DType::Float32, {2, 4, 16, 32}), k = g.input(DType::Float32, {2, 4, 16, 32});
-  uint32_t v = g.input(DType::Float32, {2, 4, 16, 32});
-  uint32_t out = g.op("aten::scaled_dot_product_attention", "", {T(q), T(k), T(v), None(), D(0.0), B(true)});
-  auto results = runThroughNode(*client, g, in, {out});
+  SampleModel model = attentionModel();
+  auto results = runThroughNode(*client, model.graph, model.inputs, {model.output});
   ASSERT_EQ(results.size(), 1u);
   // Same kernels on the same CPU: the tolerance only covers a different thread split.
-  EXPECT_TRUE(at::allclose(results[0], at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, true), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(results[0], model.expected, 1e-5, 1e-6));
 }
 
 TEST(NodeIntegration, SeveralOutputsAndInPlaceOnAResidentTensor) {

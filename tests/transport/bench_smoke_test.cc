@@ -81,7 +81,9 @@ TEST_P(BenchSmokeTest, EveryTestRunsAndReportsSaneNumbers) {
     EXPECT_GT(r.latency_us, 0.0);
     EXPECT_LT(r.latency_us, 1e6);
     EXPECT_GT(r.rate_per_s, 0.0);
-    if (r.test != "rate") EXPECT_GT(r.bandwidth_mbs, 0.0);
+    if (r.test != "rate") {
+      EXPECT_GT(r.bandwidth_mbs, 0.0);
+    }
   }
   EXPECT_EQ((*results)[3].test, "bandwidth");
   EXPECT_EQ((*results)[5].size, size_t{4} << 20);

@@ -135,39 +135,34 @@ TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
 }
 
 
-TEST(NodeIntegration, TwoLayerMlpEqualsEager) {
+struct ModelCase {
+  const char* name;
+  SampleModel (*make)();
+  bool exact;  // same kernels, same CPU: equal; attention only within a thread-split tolerance
+};
+
+class NodeModelTest : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(NodeModelTest, EqualsEager) {
   NodeProcess node;
   auto client = connectOrFail(node.port());
   ASSERT_NE(client, nullptr);
   at::manual_seed(1);
-  SampleModel model = mlpModel();
+  SampleModel model = GetParam().make();
   auto out = runThroughNode(*client, model.graph, model.inputs, {model.output});
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(at::equal(out[0], model.expected));
+  if (GetParam().exact) {
+    EXPECT_TRUE(at::equal(out[0], model.expected));
+  } else {
+    EXPECT_TRUE(at::allclose(out[0], model.expected, 1e-5, 1e-6));
+  }
 }
 
-TEST(NodeIntegration, ConvBatchNormPoolEqualsEager) {
-  NodeProcess node;
-  auto client = connectOrFail(node.port());
-  ASSERT_NE(client, nullptr);
-  at::manual_seed(2);
-  SampleModel model = convBnPoolModel();
-  auto out = runThroughNode(*client, model.graph, model.inputs, {model.output});
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(at::equal(out[0], model.expected));
-}
-
-TEST(NodeIntegration, AttentionBlockMatchesEager) {
-  NodeProcess node;
-  auto client = connectOrFail(node.port());
-  ASSERT_NE(client, nullptr);
-  at::manual_seed(3);
-  SampleModel model = attentionModel();
-  auto results = runThroughNode(*client, model.graph, model.inputs, {model.output});
-  ASSERT_EQ(results.size(), 1u);
-  // Same kernels on the same CPU: the tolerance only covers a different thread split.
-  EXPECT_TRUE(at::allclose(results[0], model.expected, 1e-5, 1e-6));
-}
+INSTANTIATE_TEST_SUITE_P(NodeIntegration, NodeModelTest,
+                         ::testing::Values(ModelCase{"TwoLayerMlp", &mlpModel, true},
+                                           ModelCase{"ConvBatchNormPool", &convBnPoolModel, true},
+                                           ModelCase{"AttentionBlock", &attentionModel, false}),
+                         [](const ::testing::TestParamInfo<ModelCase>& info) { return info.param.name; });
 
 TEST(NodeIntegration, SeveralOutputsAndInPlaceOnAResidentTensor) {
   NodeProcess node;

@@ -71,21 +71,31 @@ std::string describeEndpointLanes(ucp_ep_h ep) {
   return out;
 }
 
-bool slowerThanRequested(std::string_view tls, std::string_view lanes) {
-  static const char* kFast[] = {"sm",  "shm",     "posix",  "sysv", "cma",      "knem", "xpmem",
-                                "rc",  "rc_x",    "rc_v",   "rc_mlx5", "dc", "dc_x", "dc_mlx5",
-                                "ud",  "ud_x",    "ud_v",   "ud_mlx5", "ib", "cuda_ipc", "gdr_copy"};
-  bool asked_fast = false;
-  for (const char* fast : kFast) {
-    std::string_view f(fast);
-    size_t pos = 0;
-    while ((pos = tls.find(f, pos)) != std::string_view::npos) {
-      bool start_ok = pos == 0 || tls[pos - 1] == ',' || tls[pos - 1] == '^';
-      bool end_ok = pos + f.size() == tls.size() || tls[pos + f.size()] == ',';
-      if (start_ok && end_ok && (pos == 0 || tls[pos - 1] != '^')) asked_fast = true;
-      pos += f.size();
+std::vector<std::string_view> tlsItems(std::string_view tls) {
+  std::vector<std::string_view> items;
+  while (!tls.empty()) {
+    size_t comma = tls.find(',');
+    std::string_view item = tls.substr(0, comma);
+    if (!item.empty()) items.push_back(item);
+    if (comma == std::string_view::npos) break;
+    tls.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
+bool tlsNamesAny(std::string_view tls, std::initializer_list<std::string_view> names) {
+  for (std::string_view item : tlsItems(tls)) {
+    for (std::string_view name : names) {
+      if (item == name) return true;
     }
   }
+  return false;
+}
+
+bool slowerThanRequested(std::string_view tls, std::string_view lanes) {
+  const bool asked_fast =
+      tlsNamesAny(tls, {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "rc", "rc_x", "rc_v", "rc_mlx5", "dc",
+                        "dc_x", "dc_mlx5", "ud", "ud_x", "ud_v", "ud_mlx5", "ib", "cuda_ipc", "gdr_copy"});
   if (!asked_fast || lanes.empty()) return false;
   // Data lanes (am_bw / rma_bw, or am when there is no bw lane) all on tcp?
   auto role_lane = [&](std::string_view role) -> std::string_view {

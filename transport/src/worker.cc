@@ -25,35 +25,19 @@ namespace {
 /// UCX_TLS as Genie uses it: shared memory alone cannot establish a client-server
 /// connection (the sockaddr connection manager needs tcp), so "sm" gets tcp added.
 std::string effectiveTls(const std::string& tls) {
-  if (tls.empty()) return tls;
-  static const char* kSharedMemory[] = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm"};
-  size_t start = 0;
-  while (start <= tls.size()) {
-    size_t end = tls.find(',', start);
-    std::string item = tls.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    bool shared = false;
-    for (const char* s : kSharedMemory) shared = shared || item == s;
-    if (!shared) return tls;  // something besides shared memory: leave it as asked
-    if (end == std::string::npos) break;
-    start = end + 1;
+  auto items = tlsItems(tls);
+  if (items.empty()) return tls;
+  for (std::string_view item : items) {
+    if (!tlsNamesAny(item, {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm"})) {
+      return tls;  // something besides shared memory: leave it as asked
+    }
   }
   return tls + ",tcp";
 }
 
 /// Whether UCX_TLS (empty: all) may select a shared-memory (mm) transport.
 bool usesSharedMemory(const std::string& tls) {
-  if (tls.empty()) return true;
-  for (const char* name : {"sm", "shm", "posix", "sysv", "mm", "all"}) {
-    std::string item(name);
-    size_t pos = 0;
-    while ((pos = tls.find(item, pos)) != std::string::npos) {
-      bool starts = pos == 0 || tls[pos - 1] == ',';
-      bool ends = pos + item.size() == tls.size() || tls[pos + item.size()] == ',';
-      if (starts && ends) return true;
-      pos += item.size();
-    }
-  }
-  return false;
+  return tls.empty() || tlsNamesAny(tls, {"sm", "shm", "posix", "sysv", "mm", "all"});
 }
 
 Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* length) {

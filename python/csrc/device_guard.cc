@@ -1,0 +1,44 @@
+// The remote_accelerator device as PyTorch's PrivateUse1 backend: what c10 needs to accept
+// tensors and device guards on it. Genie's tensors on this device are LazyTensors (Python
+// wrapper subclasses, python/genie/lazy.py): they own no local memory, so there are no
+// streams or events to manage here; the guard only tracks the current device index.
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+
+namespace genie::python {
+namespace {
+
+std::atomic<c10::DeviceIndex> g_device_count{1};
+thread_local c10::DeviceIndex t_current_device = 0;
+
+struct RemoteAcceleratorGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kType, t_current_device); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "remote_accelerator guard got device ", d);
+    TORCH_CHECK(d.index() < g_device_count.load(), "remote_accelerator:", static_cast<int>(d.index()),
+                " does not exist: genie has ", static_cast<int>(g_device_count.load()), " device(s)");
+    t_current_device = d.index() < 0 ? 0 : d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { t_current_device = d.index() < 0 ? 0 : d.index(); }
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_device_count.load(); }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, RemoteAcceleratorGuardImpl);
+
+}  // namespace
+
+void setDeviceCount(int count) { g_device_count.store(static_cast<c10::DeviceIndex>(count)); }
+
+}  // namespace genie::python

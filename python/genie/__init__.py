@@ -1,0 +1,26 @@
+"""Genie: remote GPUs that feel local to PyTorch.
+
+    import genie, torch
+    model = model.to("remote_accelerator:0")    # weights go to the node once, stay resident
+    out = model(x.to("remote_accelerator:0"))   # ops are recorded lazily (LazyTensor)
+    print(out.argmax(-1).tolist())              # materialization: one request, only these bytes
+
+Importing genie registers the `remote_accelerator` device with PyTorch. The node is named
+by `genie.init(server=...)` or `GENIE_SERVER`; with neither, an embedded `genie-node` runs on
+loopback. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from . import device as _device
+from .api import (DeviceProperties, capture, client_stats, device_count, get_device, get_graph, init,
+                  memory_stats, shutdown, synchronize)
+from .errors import GenieConnectionError, GenieError, GenieRemoteError
+from .lazy import LazyTensor
+
+_device.register()
+
+__all__ = [
+    "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "LazyTensor", "capture",
+    "client_stats", "device_count", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
+]

@@ -1,0 +1,184 @@
+"""Which nodes Genie talks to: `genie.init`, `GENIE_SERVER`, and the embedded node.
+
+`init(server=...)` names one or more nodes ("host:port", a comma-separated list, or a list);
+`remote_accelerator:i` is the i-th. With none given and no `GENIE_SERVER`, Genie starts an
+*embedded* `genie-node` on loopback (port chosen by the OS, a random auth token in a 0600
+file) when a device is first used, and stops it at exit; if it dies, the next use starts
+another. Connections are made on first use of a device.
+
+Environment: `GENIE_SERVER` (nodes), `GENIE_AUTH_TOKEN` (token for named nodes),
+`GENIE_TIMEOUT_MS` (per-request timeout, default 60000), `GENIE_NODE_BIN` (the genie-node
+executable for the embedded node), `GENIE_EMBEDDED_DEVICE` (its device, default "cpu").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from .errors import GenieConnectionError, GenieError
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_servers(server) -> list[NodeAddress]:
+    """"host:port,host:port" or a list of them -> addresses. Raises ValueError naming the bad one."""
+    items = server.split(",") if isinstance(server, str) else list(server)
+    addresses = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"genie: server '{item}' is not HOST:PORT")
+        addresses.append(NodeAddress(host.strip("[]"), int(port)))
+    return addresses
+
+
+class EmbeddedNode:
+    """A genie-node process on loopback owned by this Python process."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        from . import _C
+        self.binary = os.environ.get("GENIE_NODE_BIN") or _C.node_binary()
+        self.device = device
+        self.token = secrets.token_hex(16)
+        self.process: subprocess.Popen | None = None
+        self.address: NodeAddress | None = None
+        self._token_file: str | None = None
+
+    def start(self) -> NodeAddress:
+        fd, self._token_file = tempfile.mkstemp(prefix="genie-token-")
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token)
+        os.chmod(self._token_file, 0o600)
+        env = dict(os.environ)
+        env.setdefault("GENIE_LOG_LEVEL", "warn")
+        self.process = subprocess.Popen(
+            [self.binary, "--listen", "127.0.0.1:0", "--device", self.device, "--auth-token-file", self._token_file],
+            stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+        line = self._read_line(timeout_s=30.0)
+        marker = "listening on "
+        if marker not in line:
+            self.stop()
+            raise GenieConnectionError(f"genie: the embedded genie-node ({self.binary}) did not start: {line!r}")
+        self.address = parse_servers(line.split(marker, 1)[1].strip())[0]
+        return self.address
+
+    def _read_line(self, timeout_s: float) -> str:
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        return result[0] if result else ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._token_file and os.path.exists(self._token_file):
+            os.unlink(self._token_file)
+        self._token_file = None
+
+
+class Session:
+    """The nodes of this process: addresses, token, the embedded node if any."""
+
+    def __init__(self, servers: list[NodeAddress], auth_token: str, embedded: EmbeddedNode | None,
+                 timeout_ms: int) -> None:
+        self.servers = servers
+        self.auth_token = auth_token
+        self.embedded = embedded
+        self.timeout_ms = timeout_ms
+
+    def connect(self, index: int):
+        from . import _C
+        if index >= len(self.servers):
+            raise GenieError(f"remote_accelerator:{index} does not exist: genie has {len(self.servers)} device(s)")
+        if self.embedded is not None and not self.embedded.alive():
+            self.servers[index] = self.embedded.start()
+        address = self.servers[index]
+        return _C.Client(address.host, address.port, name=f"genie-python[{os.getpid()}]",
+                         auth_token=self.auth_token, timeout_ms=self.timeout_ms)
+
+
+_session: Session | None = None
+_lock = threading.Lock()
+
+
+def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None) -> Session:
+    """Chooses the nodes (see module docstring). Idempotent without arguments."""
+    global _session
+    with _lock:
+        if _session is not None and server is None:
+            return _session
+        if _session is not None:
+            _shutdown_locked()
+        from . import _C
+        server = server if server is not None else os.environ.get("GENIE_SERVER")
+        timeout_ms = timeout_ms or int(os.environ.get("GENIE_TIMEOUT_MS", "60000"))
+        if server:
+            servers = parse_servers(server)
+            if not servers:
+                raise ValueError("genie.init: no server given")
+            token = auth_token if auth_token is not None else os.environ.get("GENIE_AUTH_TOKEN", "")
+            _session = Session(servers, token, None, timeout_ms)
+        else:
+            node = EmbeddedNode(os.environ.get("GENIE_EMBEDDED_DEVICE", "cpu"))  # started on first connect
+            _session = Session([NodeAddress("127.0.0.1", 0)], node.token, node, timeout_ms)
+        _C.set_device_count(len(_session.servers))
+        return _session
+
+
+def session() -> Session:
+    return _session if _session is not None else init()
+
+
+def make_runtime(index: int):
+    from .runtime import Runtime
+    current = session()
+    if index >= len(current.servers):
+        raise RuntimeError(f"remote_accelerator:{index} does not exist: genie has {len(current.servers)} device(s)")
+    return Runtime(index, lambda: current.connect(index))
+
+
+def _shutdown_locked() -> None:
+    global _session
+    from .runtime import all_runtimes, reset_runtimes
+    for runtime in all_runtimes():
+        try:
+            runtime.close()
+        except Exception:  # noqa: BLE001 - shutting down
+            pass
+    reset_runtimes()
+    if _session is not None and _session.embedded is not None:
+        _session.embedded.stop()
+    _session = None
+
+
+def shutdown() -> None:
+    """Closes every session and stops the embedded node (also done at exit)."""
+    with _lock:
+        _shutdown_locked()
+
+
+atexit.register(shutdown)

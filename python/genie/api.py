@@ -1,0 +1,128 @@
+"""Genie's public functions (re-exported by `genie`)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from . import _session
+from .graph import Graph
+from .runtime import all_runtimes, runtime_for
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `genie.get_device(i)` reports about `remote_accelerator:i`.
+
+    `address` is the node's "host:port"; `device` the node's own device ("cpu", "cuda:0");
+    `memory_limit` the node's limit in bytes (0: none); `embedded` whether this process started it.
+    """
+
+    index: int
+    address: str
+    node_name: str
+    device: str
+    memory_limit: int
+    embedded: bool
+
+    def __str__(self) -> str:
+        return f"remote_accelerator:{self.index}"
+
+    def to_torch_device(self) -> torch.device:
+        return torch.device("remote_accelerator", self.index)
+
+
+def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None) -> None:
+    """Chooses the node(s): `server` is "host:port", "h1:p1,h2:p2" or a list; default
+    `GENIE_SERVER`; with neither, an embedded genie-node on loopback. Connects lazily.
+
+    Raises ValueError for a malformed address, GenieConnectionError if the embedded node
+    cannot start."""
+    _session.init(server, auth_token, timeout_ms)
+
+
+def shutdown() -> None:
+    """Frees everything on the nodes, closes the sessions, stops the embedded node."""
+    _session.shutdown()
+
+
+def device_count() -> int:
+    """The number of remote_accelerator devices (nodes); starts the embedded node if needed."""
+    return len(_session.session().servers)
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    return torch.device(device).index or 0
+
+
+def get_device(index: int = 0) -> DeviceProperties:
+    """Properties of `remote_accelerator:index` (connects). Raises GenieConnectionError."""
+    session = _session.session()
+    runtime = runtime_for(torch.device("remote_accelerator", index))
+    client = runtime.connection()
+    return DeviceProperties(index, client.address, client.node_name, client.device, client.memory_limit,
+                            session.embedded is not None)
+
+
+def synchronize(device=None) -> None:
+    """Runs every pending op whose result is still held (all devices when `device` is None),
+    and sends the batched frees. Raises GenieRemoteError / GenieConnectionError."""
+    runtimes = all_runtimes() if device is None else [runtime_for(torch.device("remote_accelerator",
+                                                                                _device_index(device)))]
+    for runtime in runtimes:
+        runtime.flush()
+
+
+def memory_stats(device=None) -> dict:
+    """The node's statistics: `resident` bytes by residency class ("PersistentWeight",
+    "StatefulKvCache", "EphemeralActivation", "Gradient"), `sessions`, `graphs_cached`,
+    `ops_executed`, `bytes_in`, `bytes_out` (bytes), `memory_limit` (bytes, 0: none)."""
+    runtime = runtime_for(torch.device("remote_accelerator", _device_index(device)))
+    runtime.flush()
+    return runtime.stats()
+
+
+def client_stats() -> dict:
+    """This process's traffic over all devices since start: `bytes_sent`, `bytes_received`
+    (headers and payloads, bytes), `messages_sent`, `round_trips` (requests that waited for a
+    reply), `graphs_registered`."""
+    total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0}
+    for runtime in all_runtimes():
+        for k, v in runtime.counters().items():
+            total[k] = total.get(k, 0) + v
+    total["graphs_registered"] = sum(len(r.graphs) for r in all_runtimes())
+    return total
+
+
+_last_graph: Graph | None = None
+
+
+@contextlib.contextmanager
+def capture(device="remote_accelerator:0"):
+    """Within the block, factory functions without a device (`torch.randn(3)`) make
+    LazyTensors on `device`, and every recorded op is logged; `genie.get_graph()` then
+    returns what was recorded (seed 000's capture API)."""
+    global _last_graph
+    runtime = runtime_for(torch.device(device))
+    log: list = []
+    previous = runtime.capture_log
+    runtime.capture_log = log
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        runtime.capture_log = previous
+        _last_graph = Graph(log)
+
+
+def get_graph() -> Graph:
+    """The graph recorded by the last `genie.capture()` block (nodes in program order)."""
+    if _last_graph is None:
+        raise RuntimeError("genie.get_graph(): no genie.capture() block has run")
+    return _last_graph

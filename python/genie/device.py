@@ -1,0 +1,55 @@
+"""The `remote_accelerator` device: PyTorch's PrivateUse1 backend, renamed (seed 003).
+
+`register()` (run by `import genie`) does what PyTorch needs for a new device:
+- `torch.utils.rename_privateuse1_backend("remote_accelerator")`, so that
+  `torch.device("remote_accelerator:0")` parses; `genie._C` registers its device guard;
+- `torch.remote_accelerator` (this module's device functions) via `torch._register_device_module`,
+  and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
+- PrivateUse1 kernels for the ops PyTorch calls with only a device to dispatch on:
+  `aten::empty.memory_format` and `aten::empty_strided` (factories, `tensor.to(...)`, `module.to(...)`)
+  record a pending value; `aten::_copy_from` (`torch.tensor(data, device=...)`) uploads.
+Everything else reaches `LazyTensor.__torch_dispatch__`.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+_registered = False
+_library = None
+
+
+def _device_module() -> types.ModuleType:
+    from . import api
+    module = types.ModuleType("torch.remote_accelerator")
+    module.is_available = lambda: True
+    module.device_count = api.device_count
+    module.current_device = lambda: 0
+    module.set_device = lambda device: None  # remote_accelerator:0 is the default device index
+    module.synchronize = api.synchronize
+    module._is_in_bad_fork = lambda: False
+    # Random ops run on the node's generator: seeding here does not reach it (documented).
+    module.manual_seed = lambda seed: None
+    module.manual_seed_all = lambda seed: None
+    module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
+    module.set_rng_state = lambda state, device=None: None
+    return module
+
+
+def register() -> None:
+    global _registered, _library
+    if _registered:
+        return
+    from . import _C  # noqa: F401 - registers the PrivateUse1 device guard
+    from .recorder import _copy, record_factory
+    torch.utils.rename_privateuse1_backend("remote_accelerator")
+    torch._register_device_module("remote_accelerator", _device_module())
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
+    aten = torch.ops.aten
+    _library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kernels for a new backend
+    _library.impl("empty.memory_format", lambda *a, **k: record_factory(aten.empty.memory_format, a, k), "PrivateUse1")
+    _library.impl("empty_strided", lambda *a, **k: record_factory(aten.empty_strided.default, a, k), "PrivateUse1")
+    _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")
+    _registered = True

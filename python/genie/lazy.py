@@ -1,0 +1,95 @@
+"""LazyTensor: the `torch.Tensor` subclass that stands for a tensor on `remote_accelerator`.
+
+Interception only (the shape of PyTorch's `LoggingTensor`,
+`torch/testing/_internal/logging_tensor.py`): `__torch_dispatch__` hands every aten call to
+`genie.recorder.dispatch`, which records it. A LazyTensor owns no memory: it is a wrapper
+subclass whose sizes, strides and dtype come from a meta tensor (`_meta`), so `.shape`,
+`.dtype`, `.device` and `.size()` are answered locally, never by a round trip. Its value
+(`_cell.value`, a `genie.graph.Value`) is either pending in the runtime's graph or resident
+on the node under a handle.
+
+Materialization points (`.cpu()`, `.item()`, `.tolist()`, `.numpy()`, `bool()`, `print`,
+`__index__`) reach the runtime through the aten ops PyTorch calls for them
+(`aten::_to_copy`, `aten::_local_scalar_dense`, ...), plus the overrides below for the
+methods PyTorch does not route through the dispatcher.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .graph import Value, op_name
+
+
+class Cell:
+    """The LazyTensor's current value. In-place ops rebind it; the weakref callback reads it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
+
+    Attributes (private): `_meta` (a meta tensor with this tensor's sizes, strides, dtype),
+    `_cell` (its current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
+    """
+
+    _meta: torch.Tensor
+    _cell: Cell
+    _runtime: "object"
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, value: Value, runtime) -> "LazyTensor":
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, meta.size(), strides=meta.stride(), storage_offset=meta.storage_offset(), dtype=meta.dtype,
+            device=runtime.device, requires_grad=False)
+        r._meta = meta
+        cell = Cell(value)
+        r._cell = cell
+        r._runtime = runtime
+        value.tensors += 1
+        value.storage.live += 1
+        runtime.track(weakref.ref(r, runtime.on_tensor_dead(cell)))
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .recorder import dispatch
+        return dispatch(func, args, kwargs or {})
+
+    @property
+    def operation(self) -> str | None:
+        """The aten op that will produce this tensor ("aten::add.Tensor"), None once resident."""
+        node = self._cell.value.node
+        return None if node is None else op_name(node.op)
+
+    @property
+    def inputs(self) -> list:
+        """The pending op's tensor inputs (`genie.graph.Value`s); [] once resident."""
+        node = self._cell.value.node
+        return [] if node is None else list(node.inputs())
+
+    # Methods PyTorch does not send through the dispatcher for a remote device.
+    def numpy(self, *, force: bool = False):
+        """Materializes: the tensor's values as a NumPy array (a copy on the host)."""
+        return self.cpu().numpy(force=force)
+
+    def tolist(self):
+        """Materializes: the tensor's values as (nested) Python lists."""
+        return self.cpu().tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.cpu().numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        text = repr(self.cpu())
+        return text[:-1] + f", device='{self.device}')"
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a remote_accelerator tensor cannot be pickled; call .cpu() first")

@@ -1,0 +1,167 @@
+"""The frontend's capture and materialization (seeds 000-002 in spirit), on the embedded node."""
+
+import numpy as np
+import pytest
+import torch
+
+import genie
+from genie import LazyTensor
+
+DEV = "remote_accelerator:0"
+
+
+def round_trips() -> int:
+    return genie.client_stats()["round_trips"]
+
+
+def test_lazy_tensor_creation_and_interception():
+    x = torch.randn(10, 10, device=DEV)
+    y = torch.randn(10, 10, device=DEV)
+    z = x + y
+    assert isinstance(x, LazyTensor) and isinstance(z, LazyTensor)
+    assert z.operation == "aten::add.Tensor"
+    assert len(z.inputs) == 2
+    assert tuple(z.shape) == (10, 10) and z.dtype == torch.float32 and z.device == torch.device(DEV)
+
+
+def test_shapes_are_answered_locally():
+    x = torch.ones(4, 6, device=DEV)
+    before = round_trips()
+    y = x.view(2, 12).t().unsqueeze(0)
+    assert y.shape == (1, 12, 2) and y.size(1) == 12 and y.stride() == (24, 1, 12) and y.dim() == 3
+    assert y.dtype == torch.float32 and y.device.type == "remote_accelerator"
+    assert round_trips() == before
+
+
+def test_capture_records_factories_without_device():
+    with genie.capture():
+        a = torch.randn(3, 4)
+        b = (a @ a.t()).relu()
+    graph = genie.get_graph()
+    assert isinstance(a, LazyTensor) and isinstance(b, LazyTensor)
+    assert graph.ops() == ["aten::empty.memory_format", "aten::normal_", "aten::t", "aten::mm", "aten::relu"]
+    assert torch.randn(2).device.type == "cpu"  # the default device is restored
+
+
+def test_materialization_matches_cpu():
+    a = torch.randn(8, 16)
+    w = torch.randn(16, 4)
+    expected = torch.nn.functional.gelu(a @ w).softmax(-1)
+    got = torch.nn.functional.gelu(a.to(DEV) @ w.to(DEV)).softmax(-1).cpu()
+    assert got.device.type == "cpu" and not isinstance(got, LazyTensor)
+    torch.testing.assert_close(got, expected)
+
+
+def test_materialization_points():
+    cpu = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    x = cpu.to(DEV)
+    assert x.sum().item() == 15.0
+    assert x.tolist() == cpu.tolist()
+    np.testing.assert_array_equal(x.numpy(), cpu.numpy())
+    assert bool((x > 4).any()) is True
+    assert int(x[1, 2]) == 5
+    assert [10, 20, 30][x[0, 1].long()] == 20  # __index__
+    assert "remote_accelerator:0" in repr(x) and "5." in repr(x)
+    assert x.nonzero().cpu().tolist() == cpu.nonzero().tolist()  # data-dependent shape
+    m = x[x > 2]
+    assert m.shape == (3,) and m.tolist() == [3.0, 4.0, 5.0]
+
+
+def test_one_request_per_materialization_and_nothing_twice():
+    x = torch.randn(64, 64).to(DEV)
+    before = genie.client_stats()
+    y = (x @ x).relu()
+    z = y.sum()
+    value = z.item()
+    after = genie.client_stats()
+    assert after["round_trips"] - before["round_trips"] <= 2  # register once + run
+    # y stayed resident: reading it does not run the matmul again.
+    ops_before = genie.memory_stats()["ops_executed"]
+    y_cpu = y.cpu()
+    assert genie.memory_stats()["ops_executed"] == ops_before
+    assert abs(y_cpu.sum().item() - value) < 1e-2 * max(1.0, abs(value))
+
+
+def test_views_and_in_place_keep_pytorch_semantics():
+    base_cpu = torch.zeros(4, 4)
+    base = base_cpu.to(DEV)
+    row = base[1]
+    col = base[:, 2]
+    row.add_(1)          # writes through the view into base
+    base.mul_(3)         # seen by both views
+    col.fill_(7)
+    for t in (base_cpu[1], base_cpu):
+        pass
+    base_cpu[1].add_(1)
+    base_cpu.mul_(3)
+    base_cpu[:, 2].fill_(7)
+    assert torch.equal(base.cpu(), base_cpu)
+    assert torch.equal(row.cpu(), base_cpu[1])
+    assert torch.equal(col.cpu(), base_cpu[:, 2])
+    assert base._version > 0
+
+
+def test_in_place_on_resident_tensor_and_out_variant():
+    x_cpu = torch.randn(5)
+    x = x_cpu.to(DEV)
+    x.cpu()  # now resident
+    x.add_(2.5)
+    out = torch.empty(5, device=DEV)
+    torch.mul(x, 2, out=out)
+    torch.testing.assert_close(out.cpu(), (x_cpu + 2.5) * 2)
+
+
+def test_mixed_devices_follow_pytorch_rules():
+    x = torch.ones(3, device=DEV)
+    torch.testing.assert_close((x * torch.tensor(2.0) + 1.5).cpu(), torch.full((3,), 3.5))
+    with pytest.raises(RuntimeError, match="same device"):
+        _ = x + torch.ones(3)
+
+
+def test_item_in_control_flow():
+    x = torch.tensor([1.0, 2.0, 3.0]).to(DEV)
+    steps = 0
+    while x.sum().item() < 100:
+        x = x * 2
+        steps += 1
+    assert steps == 4 and x.tolist() == [16.0, 32.0, 48.0]
+
+
+def test_graph_reuse_sends_only_changed_scalars():
+    w = torch.randn(32, 32).to(DEV)
+
+    def step(n: int) -> float:
+        h = torch.ones(n, 32, device=DEV)
+        return (h @ w).narrow(0, 0, n - 1).sum().item()
+
+    step(5)
+    step(6)  # the changing ints become scalar inputs here
+    registered = genie.client_stats()["graphs_registered"]
+    for n in range(7, 12):
+        expected = (torch.ones(n, 32) @ w.cpu()).narrow(0, 0, n - 1).sum().item()
+        assert step(n) == pytest.approx(expected, rel=1e-4)
+    assert genie.client_stats()["graphs_registered"] == registered
+
+
+def test_dead_tensors_are_freed_on_the_node():
+    genie.synchronize()
+    before = genie.memory_stats()["resident"]
+    big = torch.ones(1024, 1024, device=DEV) * 2
+    big.cpu()
+    during = genie.memory_stats()["resident"]
+    del big
+    genie.synchronize()
+    after = genie.memory_stats()["resident"]
+    total = lambda r: sum(r.values())  # noqa: E731
+    assert total(during) >= total(before) + 4 * 1024 * 1024
+    assert total(after) <= total(before)
+
+
+def test_capture_is_bounded(monkeypatch):
+    runtime = genie.runtime.runtime_for(torch.device(DEV))
+    monkeypatch.setattr(runtime, "max_pending", 50)
+    x = torch.zeros(4, device=DEV)
+    for _ in range(500):
+        x = x + 1
+        assert len(runtime.pending) <= 50
+    assert x.tolist() == [500.0] * 4

@@ -1,0 +1,67 @@
+"""The remote_accelerator device as PyTorch sees it (seed 003 in spirit)."""
+
+import torch
+
+import genie
+from genie import LazyTensor
+
+DEV = "remote_accelerator:0"
+
+
+def test_device_parses_and_compares():
+    d = torch.device(DEV)
+    assert d.type == "remote_accelerator" and d.index == 0
+    assert torch.device("remote_accelerator", 0) == d
+
+
+def test_device_api_reports_the_node():
+    assert genie.device_count() >= 1
+    props = genie.get_device(0)
+    assert str(props) == DEV and props.index == 0 and props.to_torch_device() == torch.device(DEV)
+    assert props.device == "cpu" and ":" in props.address
+    assert genie.get_device(0) == props
+    genie.synchronize()
+    stats = genie.memory_stats()
+    assert stats["sessions"] >= 1 and "PersistentWeight" in stats["resident"]
+
+
+def test_tensor_to_and_back():
+    cpu = torch.randn(3, 5)
+    x = cpu.to(DEV)
+    assert isinstance(x, LazyTensor) and x.device == torch.device(DEV)
+    assert torch.equal(x.cpu(), cpu)
+    assert torch.equal(cpu.to("remote_accelerator").to("cpu"), cpu)
+    assert torch.equal(x.to(torch.float64).cpu(), cpu.double())
+    assert torch.equal(cpu.t().to(DEV).cpu(), cpu.t())
+    assert torch.equal(torch.tensor([[1, 2], [3, 4]], device=DEV).cpu(), torch.tensor([[1, 2], [3, 4]]))
+    assert x.is_remote_accelerator
+
+
+def test_factories_and_like():
+    z = torch.zeros(2, 3, device=DEV)
+    o = torch.ones_like(z)
+    f = torch.full((2,), 7, device=DEV, dtype=torch.int32)
+    a = torch.arange(5, device=DEV)
+    e = torch.empty_like(o)
+    assert all(isinstance(t, LazyTensor) for t in (z, o, f, a, e))
+    assert z.cpu().sum().item() == 0 and o.cpu().sum().item() == 6
+    assert f.tolist() == [7, 7] and f.dtype == torch.int32
+    assert a.tolist() == [0, 1, 2, 3, 4]
+    assert e.shape == (2, 3)
+
+
+def test_module_to_keeps_parameters_resident():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    expected = model(x)
+    genie.synchronize()
+    before = genie.memory_stats()["resident"]["PersistentWeight"]
+    remote = model.to(DEV)
+    assert all(isinstance(p, LazyTensor) and p.device == torch.device(DEV) for p in remote.parameters())
+    assert isinstance(remote[0].weight, torch.nn.Parameter) or remote[0].weight.requires_grad
+    weight_bytes = sum(p.numel() * p.element_size() for p in remote.parameters())
+    assert genie.memory_stats()["resident"]["PersistentWeight"] - before == weight_bytes
+    with torch.no_grad():
+        got = remote(x.to(DEV)).cpu()
+    torch.testing.assert_close(got, expected.detach())

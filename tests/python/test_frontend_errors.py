@@ -1,0 +1,66 @@
+"""Errors: each names what failed; afterwards the program's local state is intact."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import genie
+from genie import GenieConnectionError, GenieRemoteError
+
+DEV = "remote_accelerator:0"
+
+
+def test_shape_error_names_the_op():
+    a = torch.ones(3, 4, device=DEV)
+    b = torch.ones(5, 6, device=DEV)
+    with pytest.raises(RuntimeError, match="aten::mm"):
+        a @ b
+    assert (a + 1).sum().item() == 24  # still works
+
+
+def test_remote_error_names_op_and_index():
+    x = torch.arange(4.0).to(DEV)
+    index = torch.tensor([7]).to(DEV)  # out of range: only the node can know
+    y = x * 2
+    bad = y[index]
+    with pytest.raises(GenieRemoteError) as info:
+        bad.cpu()
+    err = info.value
+    assert err.code == "TorchError" and err.op_index >= 0 and "index" in err.op_name
+    assert "out of bounds" in err.node_message or "index" in err.node_message
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]  # state intact, next call works
+    with pytest.raises(GenieRemoteError):
+        bad.cpu()  # the lost value keeps its error
+
+
+def test_unreachable_node_raises_connection_error_quickly(free_port):
+    try:
+        genie.init(server=f"127.0.0.1:{free_port}")
+        start = time.monotonic()
+        with pytest.raises(GenieConnectionError, match=f"127.0.0.1:{free_port}"):
+            torch.ones(2, device=DEV).cpu()
+        assert time.monotonic() - start < 2.5
+    finally:
+        genie.shutdown()
+    assert torch.ones(2, device=DEV).sum().item() == 2.0  # embedded node again
+
+
+def test_node_killed_mid_run():
+    x = torch.randn(256, 256).to(DEV)
+    x.cpu()
+    node = genie._session.session().embedded
+    assert node is not None and node.alive()
+    os.kill(node.process.pid, signal.SIGKILL)
+    node.process.wait()
+    start = time.monotonic()
+    with pytest.raises(GenieConnectionError):
+        for _ in range(3):
+            (x @ x).sum().item()
+    assert time.monotonic() - start < 5
+    with pytest.raises(GenieConnectionError):
+        x.cpu()  # x lived on the dead node
+    y = torch.randn(4, 4)
+    assert torch.equal(y.to(DEV).cpu(), y)  # the next call starts a new embedded node

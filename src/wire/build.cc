@@ -207,18 +207,26 @@ Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const Run
     outputs.push_back(CreateOutputSpec(fbb, o.value, o.action,
                                        isNull(o.handle) ? nullptr : &o.handle, o.residency));
   }
+  auto free_vec = run.free.empty() ? 0 : createHandles(fbb, run.free);
   auto body = CreateRunGraph(fbb, &run.graph_id, fbb.CreateVector(inputs),
-                             fbb.CreateVector(scalars), fbb.CreateVector(outputs));
+                             fbb.CreateVector(scalars), fbb.CreateVector(outputs), free_vec);
   return finished(fbb, request_id, body);
 }
 
 Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
                                                    std::span<const TensorSlotArgs> outputs,
-                                                   uint64_t exec_us) {
+                                                   uint64_t exec_us,
+                                                   std::span<const TensorSlotArgs> described) {
   flatbuffers::FlatBufferBuilder fbb;
   auto slots = createTensorSlots(fbb, outputs);
   if (!slots) return slots.status();
-  return finished(fbb, request_id, CreateRunResult(fbb, *slots, exec_us));
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<TensorSlot>>> described_vec = 0;
+  if (!described.empty()) {
+    auto d = createTensorSlots(fbb, described);
+    if (!d) return GENIE_ERROR(kInvalidArgument, "described: {}", d.status().message());
+    described_vec = *d;
+  }
+  return finished(fbb, request_id, CreateRunResult(fbb, *slots, exec_us, described_vec));
 }
 
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,

@@ -180,6 +180,28 @@ Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
   return Status::ok();
 }
 
+/// A slot that describes a tensor kept on the node (RunResult.described): handle and desc,
+/// no bytes anywhere (payload_offset 0, no remote).
+Status checkDescribedSlot(const TensorSlot* slot, const Path& p) {
+  if (!slot) return GENIE_INVALID(p, "missing (required)");
+  GENIE_RETURN_IF_ERROR(checkHandle(slot->handle(), Path(p, "handle")));
+  uint64_t nbytes = 0;
+  GENIE_RETURN_IF_ERROR(checkTensorDesc(slot->desc(), Path(p, "desc"), &nbytes));
+  if (!inEnum(slot->residency())) {
+    return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency",
+                         enumValue(slot->residency()));
+  }
+  if (slot->payload_offset() != 0) {
+    return GENIE_INVALID(Path(p, "payload_offset"),
+                         "{} for a described tensor (its bytes stay on the node; must be 0)",
+                         slot->payload_offset());
+  }
+  if (slot->remote()) {
+    return GENIE_INVALID(Path(p, "remote"), "set for a described tensor (its bytes stay on the node)");
+  }
+  return Status::ok();
+}
+
 Status checkTensorSlots(const flatbuffers::Vector<flatbuffers::Offset<TensorSlot>>* slots,
                         const Path& parent, std::string_view field, HandleRule rule,
                         size_t payload_bytes) {
@@ -187,6 +209,16 @@ Status checkTensorSlots(const flatbuffers::Vector<flatbuffers::Offset<TensorSlot
   for (uint32_t i = 0; i < slots->size(); ++i) {
     GENIE_RETURN_IF_ERROR(
         checkTensorSlot(slots->Get(i), Path(parent, field, i), rule, payload_bytes));
+  }
+  return Status::ok();
+}
+
+Status checkRunResult(const RunResult& result, const Path& p, size_t payload_bytes) {
+  GENIE_RETURN_IF_ERROR(
+      checkTensorSlots(result.outputs(), p, "outputs", HandleRule::kOptional, payload_bytes));
+  const auto* described = result.described();
+  for (uint32_t i = 0; described && i < described->size(); ++i) {
+    GENIE_RETURN_IF_ERROR(checkDescribedSlot(described->Get(i), Path(p, "described", i)));
   }
   return Status::ok();
 }
@@ -422,6 +454,7 @@ Status checkOutputSpec(const OutputSpec& out, const Path& p) {
     case OutputAction::Return: break;
     case OutputAction::KeepResident:
     case OutputAction::ReturnAndKeep:
+    case OutputAction::KeepAndDescribe:
       GENIE_RETURN_IF_ERROR(checkHandle(out.handle(), Path(p, "handle")));
       break;
     default:
@@ -445,6 +478,11 @@ Status checkRunGraph(const RunGraph& run, const Path& p, size_t payload_bytes) {
   }
   for (uint32_t i = 0; run.outputs() && i < run.outputs()->size(); ++i) {
     GENIE_RETURN_IF_ERROR(checkOutputSpec(*run.outputs()->Get(i), Path(p, "outputs", i)));
+  }
+  const auto* free = run.free();
+  GENIE_RETURN_IF_ERROR(checkAligned(free, alignof(Handle), Path(p, "free")));
+  for (uint32_t i = 0; free && i < free->size(); ++i) {
+    GENIE_RETURN_IF_ERROR(checkHandle(free->Get(i), Path(p, "free", i)));
   }
   return Status::ok();
 }
@@ -491,9 +529,7 @@ Status checkBody(const Message& msg, const std::byte* header, size_t payload_byt
     case Body::TensorData:
       return checkTensorSlots(msg.body_as_TensorData()->tensors(), p, "tensors",
                               HandleRule::kRequired, payload_bytes);
-    case Body::RunResult:
-      return checkTensorSlots(msg.body_as_RunResult()->outputs(), p, "outputs",
-                              HandleRule::kOptional, payload_bytes);
+    case Body::RunResult: return checkRunResult(*msg.body_as_RunResult(), p, payload_bytes);
     case Body::RunGraph: return checkRunGraph(*msg.body_as_RunGraph(), p, payload_bytes);
     case Body::BenchData:
     case Body::Ping:

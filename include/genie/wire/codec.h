@@ -136,7 +136,9 @@ struct VerifyLimits {
 /// payload at kPayloadAlignment-aligned offsets (unless carried by RMA via `remote`);
 /// payload_bytes == 0 for bodies without a payload (all but PutTensors, TensorData, RunGraph,
 /// RunResult and the opaque Ping, Pong, BenchData); RegisterGraph's nested Graph verified
-/// with the same limits and `checkGraph`ed; values of required unions never NONE.
+/// with the same limits and `checkGraph`ed; values of required unions never NONE;
+/// RunGraph.free handles non-null; RunResult.described slots with a handle, payload_offset 0
+/// and no `remote` (their bytes are not in the payload).
 ///
 /// Errors: kInvalidMessage naming the field, e.g. "PutTensors.tensors[3].desc: nbytes 100
 /// does not match shape [5,6] of Float32 (120 bytes)"; kTooLarge; kInvalidArgument when
@@ -270,7 +272,7 @@ struct ScalarBindingArgs {
 struct OutputSpecArgs {
   uint32_t value = 0;
   OutputAction action = OutputAction::Return;
-  Handle handle{};  // required for KeepResident / ReturnAndKeep
+  Handle handle{};  // required for KeepResident / ReturnAndKeep / KeepAndDescribe
   Residency residency = Residency::EphemeralActivation;
 };
 struct RunGraphArgs {
@@ -278,6 +280,7 @@ struct RunGraphArgs {
   std::vector<InputBindingArgs> inputs{};
   std::vector<ScalarBindingArgs> scalars{};
   std::vector<OutputSpecArgs> outputs{};
+  std::vector<Handle> free{};  // freed before the inputs are bound; unknown ones are ignored
 };
 
 /// One builder per message; each returns the finished header. Builders do not run
@@ -302,9 +305,12 @@ flatbuffers::DetachedBuffer buildRegisterGraph(uint64_t request_id,
 flatbuffers::DetachedBuffer buildGraphRegistered(uint64_t request_id, const GraphId& graph_id,
                                                  uint32_t num_nodes);
 Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const RunGraphArgs& run);
+/// `described`: one slot per KeepAndDescribe output (handle and desc; payload_offset 0, no
+/// bytes in the payload); RunResult.described is left absent when it is empty.
 Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
                                                    std::span<const TensorSlotArgs> outputs,
-                                                   uint64_t exec_us);
+                                                   uint64_t exec_us,
+                                                   std::span<const TensorSlotArgs> described = {});
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,
                                        std::string_view message, int32_t op_index = -1,
                                        std::string_view op_name = {});

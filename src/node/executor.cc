@@ -176,6 +176,9 @@ class Binder {
                                       const wire::Argument& wire_arg, BoundArgument& out) const {
     const Value kind = wire_arg.value_type();
     const c10::TypeKind ek = element->kind();
+    // A client that does not know a list's element type writes an empty list as an empty
+    // IntListValue: it is the empty list of whatever the schema wants.
+    if (kind == Value::IntListValue && isEmpty(*wire_arg.value_as_IntListValue())) return emptyList(element, out);
     if (ek == c10::TypeKind::IntType || ek == c10::TypeKind::SymIntType) {
       if (kind == Value::IntValue && argument.N()) {
         // `int[2] stride=1` given as one int: repeat it, as PyTorch's argument parser does.
@@ -192,6 +195,16 @@ class Binder {
       return std::nullopt;
     }
     if (ek == c10::TypeKind::FloatType) {
+      if (kind == Value::IntListValue) {
+        // Integral floats ([1, 2] for a float[] argument) as Python writes them.
+        const auto* list = wire_arg.value_as_IntListValue();
+        if (list->scalar_slots() && list->scalar_slots()->size()) {
+          return std::string("expects float[], got an IntListValue with scalar slots (only int[] takes them)");
+        }
+        c10::List<double> doubles;
+        for (uint32_t i = 0; list->v() && i < list->v()->size(); ++i) doubles.push_back(static_cast<double>(list->v()->Get(i)));
+        return literal(std::move(doubles), out);
+      }
       if (kind != Value::DoubleListValue) return fmt::format("expects float[], got {}", wire::EnumNameValue(kind));
       const auto* v = wire_arg.value_as_DoubleListValue()->v();
       return literal(c10::List<double>(v ? std::vector<double>(v->begin(), v->end()) : std::vector<double>{}), out);
@@ -213,8 +226,7 @@ class Binder {
       }
       return std::nullopt;
     }
-    if (ek == c10::TypeKind::OptionalType &&
-        element->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType) {
+    if (isOptionalTensor(element)) {
       if (kind != Value::OptionalTensorListValue && kind != Value::TensorListValue) {
         return fmt::format("expects Tensor?[], got {}", wire::EnumNameValue(kind));
       }
@@ -232,6 +244,31 @@ class Binder {
       return std::nullopt;
     }
     return fmt::format("argument type {}[] is not supported by the executor", element->str());
+  }
+
+  static bool isEmpty(const wire::IntListValue& list) { return list.v() == nullptr || list.v()->size() == 0; }
+
+  static bool isOptionalTensor(const c10::TypePtr& element) {
+    return element->kind() == c10::TypeKind::OptionalType &&
+           element->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+
+  /// The empty list of `element`s, typed as the schema wants it (int[], float[], bool[],
+  /// Tensor[], Tensor?[], or a generic list of any other element type).
+  static std::optional<std::string> emptyList(const c10::TypePtr& element, BoundArgument& out) {
+    switch (element->kind()) {
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType: return literal(c10::List<int64_t>(), out);
+      case c10::TypeKind::FloatType: return literal(c10::List<double>(), out);
+      case c10::TypeKind::BoolType: return literal(c10::List<bool>(), out);
+      case c10::TypeKind::TensorType: out.kind = BoundArgument::Kind::kTensorList; return std::nullopt;
+      default: break;
+    }
+    if (isOptionalTensor(element)) {
+      out.kind = BoundArgument::Kind::kOptionalTensorList;
+      return std::nullopt;
+    }
+    return literal(c10::impl::GenericList(element), out);
   }
 
   c10::Device device_;
@@ -286,6 +323,10 @@ wire::DType Executor::wireDType(c10::ScalarType type) {
 ExecResult<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph& graph) const {
   auto compiled = std::make_shared<CompiledGraph>();
   compiled->num_inputs_ = graph.inputs() ? graph.inputs()->size() : 0;
+  compiled->input_handles_.resize(compiled->num_inputs_);
+  for (uint32_t i = 0; i < compiled->num_inputs_; ++i) {
+    if (const wire::Handle* handle = graph.inputs()->Get(i)->handle()) compiled->input_handles_[i] = *handle;
+  }
   compiled->num_scalar_inputs_ = graph.num_scalar_inputs();
   uint64_t next_value = compiled->num_inputs_;
   const auto* nodes = graph.nodes();

@@ -212,7 +212,15 @@ struct Session {
   bool release(const wire::Handle& handle);
   Status receive(InboundMessage& message, void* destination, size_t bytes);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
-                   uint64_t exec_us);
+                   uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
+  /// Binds every graph input: RunGraph.inputs first, then the graph's bound handles.
+  std::optional<RequestError> bindInputs(InboundMessage& message, const wire::RunGraph& run, const CompiledGraph& graph,
+                                         std::vector<at::Tensor>& inputs);
+  /// Applies RunGraph.outputs to the run's values: keeps, returns and describes them. All or
+  /// nothing: on an error the outputs kept so far are released.
+  std::optional<RequestError> applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
+                                           std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
+                                           std::vector<wire::TensorSlotArgs>& described);
 
   struct Entry {
     at::Tensor tensor;
@@ -364,7 +372,7 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
 }
 
 void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
-                          uint64_t exec_us) {
+                          uint64_t exec_us, std::span<const wire::TensorSlotArgs> described) {
   // Returned tensors travel contiguous, one payload: zero-copy for a single contiguous tensor.
   std::vector<wire::TensorSlotArgs> slots;
   std::vector<at::Tensor> contiguous;
@@ -379,7 +387,7 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
     slots.push_back(slot);
     contiguous.push_back(t);
   }
-  auto header = run_result ? wire::buildRunResult(id, slots, exec_us) : wire::buildTensorData(id, slots);
+  auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described) : wire::buildTensorData(id, slots);
   if (!header) return node.replyError(*endpoint, id, {ErrorCode::Internal, header.status().message()});
   if (contiguous.size() == 1 && contiguous[0].defined() && layout.size() == contiguous[0].nbytes()) {
     auto keep = std::make_shared<at::Tensor>(contiguous[0]);
@@ -433,6 +441,9 @@ void Session::registerGraph(uint64_t id, const wire::RegisterGraph& reg) {
 }
 
 void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run) {
+  // Frees ride on the run and come first, whatever becomes of the run (FreeTensors semantics:
+  // unknown handles are ignored).
+  for (uint32_t i = 0; run.free() && i < run.free()->size(); ++i) release(*run.free()->Get(i));
   std::shared_ptr<const CompiledGraph> graph;
   {
     std::lock_guard<std::mutex> lock(node.graphs_mutex);
@@ -444,43 +455,8 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
     return node.replyError(*endpoint, id, {ErrorCode::UnknownGraph,
                                            fmt::format("graph {} is not registered", wire::toString(*run.graph_id()))});
   }
-  // Inputs: resident tensors by handle, or small tensors inline in the payload.
   std::vector<at::Tensor> inputs(graph->numInputs());
-  std::vector<std::byte> staging;
-  if (message.payloadSize() > 0) {
-    staging.resize(message.payloadSize());
-    if (Status received = receive(message, staging.data(), staging.size()); !received) {
-      return node.replyError(*endpoint, id, {ErrorCode::PeerUnreachable, received.message()});
-    }
-  }
-  const auto* bindings = run.inputs();
-  for (uint32_t i = 0; bindings && i < bindings->size(); ++i) {
-    const wire::InputBinding* binding = bindings->Get(i);
-    if (binding->input() >= inputs.size()) {
-      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
-                                             fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs", i,
-                                                         binding->input(), inputs.size())});
-    }
-    if (binding->kind() == wire::BindingKind::Handle) {
-      auto it = tensors.find(*binding->handle());
-      if (it == tensors.end()) {
-        return node.replyError(*endpoint, id, {ErrorCode::UnknownHandle,
-                                               fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
-                                                           wire::toString(*binding->handle()))});
-      }
-      inputs[binding->input()] = it->second.tensor;
-    } else {
-      const wire::TensorSlot* slot = binding->inline_();
-      at::Tensor t = allocate(*slot->desc(), c10::Device(c10::kCPU));
-      if (slot->desc()->nbytes()) std::memcpy(storageBytes(t), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
-      inputs[binding->input()] = onDevice(std::move(t), *slot->desc(), node.device);
-    }
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i)});
-    }
-  }
+  if (auto error = bindInputs(message, run, *graph, inputs)) return node.replyError(*endpoint, id, *error);
   std::vector<ScalarSlotValue> scalars(graph->numScalarInputs(), int64_t{0});
   const auto* scalar_bindings = run.scalars();
   for (uint32_t i = 0; scalar_bindings && i < scalar_bindings->size(); ++i) {
@@ -500,25 +476,122 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
   }
   node.ops_executed += graph->nodes().size();
   auto exec_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-  auto& values = std::get<std::vector<at::Tensor>>(result);
   std::vector<std::pair<wire::Handle, at::Tensor>> returned;
+  std::vector<wire::TensorSlotArgs> described;
+  if (auto error = applyOutputs(run, std::get<std::vector<at::Tensor>>(result), returned, described)) {
+    return node.replyError(*endpoint, id, *error);
+  }
+  sendTensors(id, true, returned, static_cast<uint64_t>(exec_us), described);
+}
+
+std::optional<RequestError> Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
+                                                const CompiledGraph& graph, std::vector<at::Tensor>& inputs) {
+  // Explicit bindings: resident tensors by handle, or small tensors inline in the payload.
+  std::vector<std::byte> staging;
+  if (message.payloadSize() > 0) {
+    staging.resize(message.payloadSize());
+    if (Status received = receive(message, staging.data(), staging.size()); !received) {
+      return RequestError{ErrorCode::PeerUnreachable, received.message()};
+    }
+  }
+  const auto* bindings = run.inputs();
+  for (uint32_t i = 0; bindings && i < bindings->size(); ++i) {
+    const wire::InputBinding* binding = bindings->Get(i);
+    if (binding->input() >= inputs.size()) {
+      return RequestError{ErrorCode::InvalidMessage, fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs",
+                                                                 i, binding->input(), inputs.size())};
+    }
+    if (binding->kind() == wire::BindingKind::Handle) {
+      auto it = tensors.find(*binding->handle());
+      if (it == tensors.end()) {
+        return RequestError{ErrorCode::UnknownHandle, fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
+                                                                  wire::toString(*binding->handle()))};
+      }
+      inputs[binding->input()] = it->second.tensor;
+    } else {
+      const wire::TensorSlot* slot = binding->inline_();
+      at::Tensor t = allocate(*slot->desc(), c10::Device(c10::kCPU));
+      if (slot->desc()->nbytes()) std::memcpy(storageBytes(t), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
+      inputs[binding->input()] = onDevice(std::move(t), *slot->desc(), node.device);
+    }
+  }
+  // Bound inputs (Graph.inputs[i].handle) not bound explicitly: this session's tensor.
+  const auto& bound = graph.inputHandles();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined()) continue;
+    if (i < bound.size() && !wire::isNull(bound[i])) {
+      auto it = tensors.find(bound[i]);
+      if (it == tensors.end()) {
+        return RequestError{ErrorCode::UnknownHandle,
+                            fmt::format("RunGraph: input {} is bound by the graph to handle {}, which is not a tensor "
+                                        "in this session (bind the input explicitly or put the tensor first)",
+                                        i, wire::toString(bound[i]))};
+      }
+      inputs[i] = it->second.tensor;
+      continue;
+    }
+    return RequestError{ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i)};
+  }
+  return std::nullopt;
+}
+
+/// The descriptor of a tensor as it lives on the node: its own strides and storage offset.
+wire::TensorDescArgs describe(const at::Tensor& t) {
+  wire::TensorDescArgs desc;
+  desc.dtype = Executor::wireDType(t.scalar_type());
+  desc.shape = t.sizes().vec();
+  desc.strides = t.strides().vec();
+  desc.storage_offset = t.storage_offset();
+  desc.memory = t.is_cuda() ? wire::MemoryKind::Cuda : wire::MemoryKind::Host;
+  desc.device_index = t.is_cuda() ? t.device().index() : 0;
+  return desc;
+}
+
+std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
+                                                  std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
+                                                  std::vector<wire::TensorSlotArgs>& described) {
+  std::vector<wire::Handle> kept;
+  auto fail = [&](RequestError error) {
+    for (const auto& handle : kept) release(handle);
+    returned.clear();
+    described.clear();
+    return error;
+  };
   const auto* outputs = run.outputs();
   for (uint32_t i = 0; outputs && i < outputs->size(); ++i) {
     const wire::OutputSpec* spec = outputs->Get(i);
     if (spec->value() >= values.size()) {
-      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
-                                             fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
-                                                         spec->value(), values.size())});
+      return fail({ErrorCode::InvalidMessage, fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
+                                                          spec->value(), values.size())});
     }
     const at::Tensor& value = values[spec->value()];
-    if (spec->action() != wire::OutputAction::Return) {
-      if (auto error = store(*spec->handle(), value, spec->residency())) return node.replyError(*endpoint, id, *error);
+    const wire::OutputAction action = spec->action();
+    if (action != wire::OutputAction::Return) {
+      if (!value.defined()) {
+        return fail({ErrorCode::InvalidMessage,
+                     fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())});
+      }
+      if (auto error = store(*spec->handle(), value, spec->residency())) {
+        return fail({error->code, fmt::format("RunGraph.outputs[{}]: {}", i, error->message)});
+      }
+      kept.push_back(*spec->handle());
     }
-    if (spec->action() != wire::OutputAction::KeepResident) {
+    if (action == wire::OutputAction::Return || action == wire::OutputAction::ReturnAndKeep) {
       returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(), value.defined() ? value.cpu() : value);
     }
+    if (action == wire::OutputAction::KeepAndDescribe) {
+      wire::TensorSlotArgs slot;
+      slot.handle = *spec->handle();
+      slot.desc = describe(value);
+      slot.residency = spec->residency();
+      if (slot.desc.dtype == wire::DType::Undefined) {
+        return fail({ErrorCode::Internal, fmt::format("RunGraph.outputs[{}]: value {} has dtype {}, which the wire "
+                                                      "cannot describe", i, spec->value(), c10::toString(value.scalar_type()))});
+      }
+      described.push_back(std::move(slot));
+    }
   }
-  sendTensors(id, true, returned, static_cast<uint64_t>(exec_us));
+  return std::nullopt;
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ class CompiledGraph {
   };
 
   uint32_t numInputs() const { return num_inputs_; }
+  /// GraphInput.handle of each input, {0,0} where the input is not bound (size numInputs()).
+  /// A bound input defaults, per run, to the running session's resident tensor of that handle.
+  const std::vector<wire::Handle>& inputHandles() const { return input_handles_; }
   uint32_t numScalarInputs() const { return num_scalar_inputs_; }
   uint64_t numValues() const { return num_values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -68,6 +71,7 @@ class CompiledGraph {
  private:
   friend class Executor;
   uint32_t num_inputs_ = 0;
+  std::vector<wire::Handle> input_handles_;
   uint32_t num_scalar_inputs_ = 0;
   uint64_t num_values_ = 0;
   std::vector<Node> nodes_;

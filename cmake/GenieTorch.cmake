@@ -1,6 +1,12 @@
 # Finds the torch of the project's virtual environment (DESIGN.md "One torch"): CMake's
 # find_package(Torch) through torch.utils.cmake_prefix_path of GENIE_PYTHON.
-set(GENIE_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+# Under scikit-build-core (pip install), the interpreter that builds the wheel is the one.
+if(DEFINED SKBUILD AND Python_EXECUTABLE)
+  set(GENIE_PYTHON_DEFAULT "${Python_EXECUTABLE}")
+else()
+  set(GENIE_PYTHON_DEFAULT "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+endif()
+set(GENIE_PYTHON "${GENIE_PYTHON_DEFAULT}" CACHE FILEPATH
     "Python whose torch the C++ side links (the project's virtual environment)")
 execute_process(
   COMMAND "${GENIE_PYTHON}" -c "import torch, torch.utils; print(torch.utils.cmake_prefix_path, end='')"
@@ -8,8 +14,9 @@ execute_process(
   RESULT_VARIABLE GENIE_TORCH_FOUND
   ERROR_QUIET)
 if(NOT GENIE_TORCH_FOUND EQUAL 0)
-  message(FATAL_ERROR "GENIE_BUILD_NODE needs torch in ${GENIE_PYTHON}: run tools/setup.sh, "
-                      "or pass -DGENIE_PYTHON=/path/to/python, or -DGENIE_BUILD_NODE=OFF")
+  message(FATAL_ERROR "GENIE_BUILD_NODE / GENIE_BUILD_PYTHON need torch in ${GENIE_PYTHON}: run tools/setup.sh, "
+                      "or pass -DGENIE_PYTHON=/path/to/python, or -DGENIE_BUILD_NODE=OFF; "
+                      "pip builds: pip install --no-build-isolation (the extension must match the installed torch)")
 endif()
 list(APPEND CMAKE_PREFIX_PATH "${GENIE_TORCH_PREFIX}")
 # The PyPI wheel is a CUDA build, and its CMake config probes the GPUs to choose nvcc

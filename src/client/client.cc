@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <unordered_map>
@@ -20,6 +21,15 @@ using transport::InboundMessage;
 
 namespace {
 
+/// A buffer of `size` bytes at a kPayloadAlignment-aligned address (any dtype may live at
+/// any payload_offset inside it).
+PayloadBuffer allocatePayload(size_t size) {
+  const size_t rounded = (size + wire::kPayloadAlignment - 1) / wire::kPayloadAlignment * wire::kPayloadAlignment;
+  void* memory = std::aligned_alloc(wire::kPayloadAlignment, rounded == 0 ? wire::kPayloadAlignment : rounded);
+  if (memory == nullptr) throw std::bad_alloc();
+  return {std::shared_ptr<std::byte>(static_cast<std::byte*>(memory), [](std::byte* p) { std::free(p); }), size};
+}
+
 /// One request waiting for its reply.
 struct Pending {
   std::mutex mutex;
@@ -27,7 +37,7 @@ struct Pending {
   bool done = false;
   Status status;
   std::vector<std::byte> header;  // 16-byte aligned by the allocator: verifiable in place
-  std::vector<std::byte> payload;
+  PayloadBuffer payload;
 
   void finish(Status s) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -39,7 +49,7 @@ struct Pending {
 
 struct Reply {
   std::vector<std::byte> header;
-  std::vector<std::byte> payload;
+  PayloadBuffer payload;
   const wire::Message* message() const { return flatbuffers::GetRoot<wire::Message>(header.data()); }
 };
 
@@ -51,13 +61,19 @@ struct Client::Impl {
   std::shared_ptr<transport::Worker> worker;
   std::shared_ptr<transport::Endpoint> endpoint;
   wire::Handle session_id{};
+  wire::WelcomeArgs welcome;
   std::atomic<uint64_t> next_request{1};
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_received{0};
+  std::atomic<uint64_t> messages_sent{0};
+  std::atomic<uint64_t> round_trips{0};
   std::mutex pending_mutex;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending;
   RemoteError last_error;
   bool closed = false;
 
   void onMessage(InboundMessage message) {
+    bytes_received += message.header().size() + message.payloadSize();
     auto verified = wire::verifyMessage(message.header(), message.payloadSize());
     if (!verified) {
       GENIE_LOG_WARN("genie client: a reply from {} failed verification: {}", peer, verified.status().message());
@@ -83,9 +99,21 @@ struct Client::Impl {
     }
     waiting->header.assign(message.header().begin(), message.header().end());
     if (message.payloadSize() == 0) return waiting->finish(Status::ok());
-    waiting->payload.resize(message.payloadSize());
-    message.receivePayload({waiting->payload.data(), waiting->payload.size()},
+    try {
+      waiting->payload = allocatePayload(message.payloadSize());
+    } catch (const std::bad_alloc&) {
+      return waiting->finish(
+          GENIE_ERROR(kOutOfMemory, "no memory for a {}-byte reply from genie-node {}", message.payloadSize(), peer));
+    }
+    message.receivePayload({waiting->payload.data.get(), waiting->payload.size},
                            [waiting](Status s) { waiting->finish(std::move(s)); });
+  }
+
+  /// Sends a message that gets no reply; `header` is copied by the transport.
+  void sendOneWay(const flatbuffers::DetachedBuffer& header) {
+    bytes_sent += header.size();
+    ++messages_sent;
+    endpoint->send(wire::bytesOf(header), {}, [](Status) {});
   }
 
   /// Sends the request that `build(request_id)` makes and waits for its reply.
@@ -99,6 +127,9 @@ struct Client::Impl {
       pending.emplace(id, waiting);
     }
     auto header = build(id);
+    bytes_sent += header.size() + payload.size();
+    ++messages_sent;
+    ++round_trips;
     Status sent_status;
     std::promise<Status> sent;
     auto sent_future = sent.get_future();
@@ -143,17 +174,47 @@ struct Client::Impl {
     return Status::ok();
   }
 
-  static std::vector<ReturnedTensor> tensorsOf(const Reply& reply,
-                                               const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSlot>>* slots) {
-    std::vector<ReturnedTensor> out;
+  using Slots = flatbuffers::Vector<flatbuffers::Offset<wire::TensorSlot>>;
+
+  /// The descriptors of verified slots (verifyMessage checked each desc and payload range).
+  static std::vector<wire::TensorSlotArgs> slotsOf(const Slots* slots) {
+    std::vector<wire::TensorSlotArgs> out;
     for (uint32_t i = 0; slots && i < slots->size(); ++i) {
       const wire::TensorSlot* slot = slots->Get(i);
-      ReturnedTensor t;
+      const wire::TensorDesc* desc = slot->desc();
+      wire::TensorSlotArgs t;
       if (slot->handle()) t.handle = *slot->handle();
-      t.dtype = slot->desc()->dtype();
-      t.shape.assign(slot->desc()->shape()->begin(), slot->desc()->shape()->end());
-      auto begin = reply.payload.begin() + slot->payload_offset();
-      t.bytes.assign(begin, begin + slot->desc()->nbytes());
+      t.desc.dtype = desc->dtype();
+      if (desc->shape()) t.desc.shape.assign(desc->shape()->begin(), desc->shape()->end());
+      if (desc->strides()) t.desc.strides.assign(desc->strides()->begin(), desc->strides()->end());
+      t.desc.storage_offset = desc->storage_offset();
+      t.desc.memory = desc->memory();
+      t.desc.device_index = desc->device_index();
+      t.residency = slot->residency();
+      t.payload_offset = slot->payload_offset();
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+
+  static TensorBatch batchOf(Reply& reply, const Slots* slots) {
+    TensorBatch batch;
+    batch.tensors = slotsOf(slots);
+    batch.payload = std::move(reply.payload);
+    return batch;
+  }
+
+  /// Copies each tensor of a batch into its own ReturnedTensor (contiguous tensors only:
+  /// ReturnedTensor has no strides).
+  static std::vector<ReturnedTensor> copiesOf(const TensorBatch& batch) {
+    std::vector<ReturnedTensor> out;
+    for (size_t i = 0; i < batch.tensors.size(); ++i) {
+      ReturnedTensor t;
+      t.handle = batch.tensors[i].handle;
+      t.dtype = batch.tensors[i].desc.dtype;
+      t.shape = batch.tensors[i].desc.shape;
+      auto bytes = batch.bytesOf(i);
+      t.bytes.assign(bytes.begin(), bytes.end());
       out.push_back(std::move(t));
     }
     return out;
@@ -196,11 +257,35 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, uint16_
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   if (!reply) return reply.status();
   GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::Welcome));
-  client->impl_->session_id = *reply->message()->body_as_Welcome()->session_id();
+  const wire::Welcome* welcome = reply->message()->body_as_Welcome();
+  client->impl_->session_id = *welcome->session_id();
+  client->impl_->welcome = {*welcome->session_id(),
+                            std::string(wire::stringOf(welcome->node_name())),
+                            std::string(wire::stringOf(welcome->device())),
+                            welcome->memory_limit(),
+                            welcome->max_header_bytes(),
+                            welcome->protocol_version()};
   return client;
 }
 
+std::span<const std::byte> TensorBatch::bytesOf(size_t i) const {
+  return {payload.data.get() + tensors[i].payload_offset, static_cast<size_t>(nbytesOf(i))};
+}
+
+uint64_t TensorBatch::nbytesOf(size_t i) const {
+  const wire::TensorDescArgs& d = tensors[i].desc;
+  auto n = wire::tensorSpanBytes(d.dtype, d.shape, d.strides, d.storage_offset);
+  return n ? *n : 0;  // verified on receipt: always computable
+}
+
 const wire::Handle& Client::sessionId() const { return impl_->session_id; }
+const wire::WelcomeArgs& Client::welcome() const { return impl_->welcome; }
+const std::string& Client::address() const { return impl_->peer; }
+
+ClientCounters Client::counters() const {
+  return {impl_->bytes_sent.load(), impl_->bytes_received.load(), impl_->messages_sent.load(),
+          impl_->round_trips.load()};
+}
 const RemoteError& Client::lastRemoteError() const { return impl_->last_error; }
 
 Status Client::putTensor(const wire::Handle& handle, const wire::TensorDescArgs& desc, wire::Residency residency,
@@ -209,23 +294,44 @@ Status Client::putTensor(const wire::Handle& handle, const wire::TensorDescArgs&
   slot.handle = handle;
   slot.desc = desc;
   slot.residency = residency;
-  auto header = wire::buildPutTensors(0, {&slot, 1});
+  return putTensors({&slot, 1}, bytes);
+}
+
+Status Client::putTensors(std::span<const wire::TensorSlotArgs> slots, std::span<const std::byte> payload) {
+  auto header = wire::buildPutTensors(0, slots);
   if (!header) return header.status();
-  auto reply = impl_->call([&](uint64_t id) { return std::move(wire::buildPutTensors(id, {&slot, 1}).value()); }, bytes);
+  auto reply = impl_->call([&](uint64_t id) { return std::move(wire::buildPutTensors(id, slots).value()); }, payload);
   if (!reply) return reply.status();
   return Impl::expect(*reply, wire::Body::Ack);
 }
 
 Result<ReturnedTensor> Client::getTensor(const wire::Handle& handle) {
-  auto reply = impl_->call([&](uint64_t id) { return wire::buildGetTensors(id, {&handle, 1}); });
-  if (!reply) return reply.status();
-  GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::TensorData));
-  auto tensors = Impl::tensorsOf(*reply, reply->message()->body_as_TensorData()->tensors());
-  if (tensors.size() != 1) return GENIE_ERROR(kInvalidMessage, "asked for one tensor, got {}", tensors.size());
-  return std::move(tensors[0]);
+  auto batch = getTensors({&handle, 1});
+  if (!batch) return batch.status();
+  return std::move(Impl::copiesOf(*batch)[0]);
 }
 
-Status Client::freeTensors(std::span<const wire::Handle> handles) {
+Result<TensorBatch> Client::getTensors(std::span<const wire::Handle> handles) {
+  auto reply = impl_->call([&](uint64_t id) { return wire::buildGetTensors(id, handles); });
+  if (!reply) return reply.status();
+  GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::TensorData));
+  TensorBatch batch = Impl::batchOf(*reply, reply->message()->body_as_TensorData()->tensors());
+  if (batch.tensors.size() != handles.size()) {
+    return GENIE_ERROR(kInvalidMessage, "asked genie-node {} for {} tensors, got {}", impl_->peer, handles.size(),
+                       batch.tensors.size());
+  }
+  return batch;
+}
+
+Status Client::freeTensors(std::span<const wire::Handle> handles, bool want_reply) {
+  if (!want_reply) {
+    if (impl_->closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", impl_->peer);
+    if (!impl_->endpoint->isConnected()) {
+      return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", impl_->peer, impl_->endpoint->error().message());
+    }
+    impl_->sendOneWay(wire::buildFreeTensors(impl_->next_request++, handles, false));
+    return Status::ok();
+  }
   auto reply = impl_->call([&](uint64_t id) { return wire::buildFreeTensors(id, handles, true); });
   if (!reply) return reply.status();
   return Impl::expect(*reply, wire::Body::Ack);
@@ -240,12 +346,23 @@ Result<wire::GraphId> Client::registerGraph(std::span<const std::byte> graph_byt
 
 Result<std::vector<ReturnedTensor>> Client::runGraph(const wire::RunGraphArgs& run,
                                                      std::span<const std::byte> inline_payload) {
+  auto reply = runGraphReply(run, inline_payload);
+  if (!reply) return reply.status();
+  return Impl::copiesOf(reply->outputs);
+}
+
+Result<RunReply> Client::runGraphReply(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload) {
   auto header = wire::buildRunGraph(0, run);
   if (!header) return header.status();
   auto reply = impl_->call([&](uint64_t id) { return std::move(wire::buildRunGraph(id, run).value()); }, inline_payload);
   if (!reply) return reply.status();
   GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::RunResult));
-  return Impl::tensorsOf(*reply, reply->message()->body_as_RunResult()->outputs());
+  const wire::RunResult* result = reply->message()->body_as_RunResult();
+  RunReply out;
+  out.described = Impl::slotsOf(result->described());
+  out.exec_us = result->exec_us();
+  out.outputs = Impl::batchOf(*reply, result->outputs());
+  return out;
 }
 
 Result<wire::StatsArgs> Client::stats() {
@@ -277,6 +394,8 @@ void Client::close() {
   if (!impl_ || impl_->closed) return;
   if (impl_->endpoint && impl_->endpoint->isConnected()) {
     auto bye = wire::buildGoodbye(0, "client closing");
+    impl_->bytes_sent += bye.size();
+    ++impl_->messages_sent;
     std::promise<void> sent;
     impl_->endpoint->send(wire::bytesOf(bye), {}, [&sent](Status) { sent.set_value(); });
     sent.get_future().wait_for(std::chrono::seconds(2));

@@ -5,6 +5,11 @@
 // Errors: kPeerUnreachable / kTimeout from the data plane (naming the node's address);
 // kRemote when the node answered with an Error: the Status message reads
 // "<ErrorCode> [op <index> (<op name>)]: <node's message>" and remoteError() returns the parts.
+//
+// Received tensor bytes: the batch calls (getTensors, runGraphReply) hand out the reply's
+// payload buffer itself (the transport received into it: rendezvous or one copy of eager
+// data), so a caller can wrap tensors around it without another copy. The single-tensor calls
+// (getTensor, runGraph) copy each tensor into its own vector.
 #pragma once
 
 #include <chrono>
@@ -36,6 +41,40 @@ struct ReturnedTensor {
   std::vector<std::byte> bytes;
 };
 
+/// A reply's payload: 64-byte aligned bytes that tensors point into; shared by every tensor
+/// of the reply (the buffer lives while any holder does).
+struct PayloadBuffer {
+  std::shared_ptr<std::byte> data;
+  size_t size = 0;  // bytes
+};
+
+/// Tensors that came back in one reply: descriptors (handle, dtype, shape, strides,
+/// storage_offset, payload_offset) and the payload they point into. Tensor i's bytes are
+/// `bytesOf(i)`: its storage span (TensorDesc.nbytes, the storage_offset prefix included).
+struct TensorBatch {
+  PayloadBuffer payload;
+  std::vector<wire::TensorSlotArgs> tensors;
+
+  std::span<const std::byte> bytesOf(size_t i) const;
+  /// Bytes of tensor i's storage span (wire::tensorSpanBytes of its descriptor).
+  uint64_t nbytesOf(size_t i) const;
+};
+
+/// The reply to a RunGraph.
+struct RunReply {
+  TensorBatch outputs;                           // Return / ReturnAndKeep outputs, in OutputSpec order
+  std::vector<wire::TensorSlotArgs> described;  // KeepAndDescribe outputs, in OutputSpec order (no bytes)
+  uint64_t exec_us = 0;                          // the node's execution time (µs)
+};
+
+/// Cumulative traffic of one client (a snapshot). Bytes count headers and payloads.
+struct ClientCounters {
+  uint64_t bytes_sent = 0;      // every message sent (requests, one-way messages, Goodbye)
+  uint64_t bytes_received = 0;  // every message received (replies and unsolicited messages)
+  uint64_t messages_sent = 0;
+  uint64_t round_trips = 0;     // requests that waited for a reply
+};
+
 struct ClientOptions {
   std::string name = "genie-client";
   std::string auth_token;
@@ -53,21 +92,37 @@ class Client {
   ~Client();
 
   const wire::Handle& sessionId() const;
+  /// What the node said in Welcome (device "cpu" / "cuda:0", node name, memory limit in bytes).
+  const wire::WelcomeArgs& welcome() const;
+  /// "host:port" of the node.
+  const std::string& address() const;
   /// A fresh random handle (128 bits from the OS).
   static wire::Handle newHandle();
 
   /// Stores one tensor: `bytes` is its storage span (desc's nbytes).
   Status putTensor(const wire::Handle& handle, const wire::TensorDescArgs& desc, wire::Residency residency,
                    std::span<const std::byte> bytes);
+  /// Stores several tensors in one PutTensors: `slots[i].payload_offset` places tensor i's
+  /// storage span (desc's nbytes) in `payload` (wire::PayloadLayout gives the offsets).
+  Status putTensors(std::span<const wire::TensorSlotArgs> slots, std::span<const std::byte> payload);
   Result<ReturnedTensor> getTensor(const wire::Handle& handle);
-  Status freeTensors(std::span<const wire::Handle> handles);
+  /// Fetches several tensors in one GetTensors, without copying their bytes (TensorBatch).
+  Result<TensorBatch> getTensors(std::span<const wire::Handle> handles);
+  /// With `want_reply` false the request is one-way: no round trip, unknown handles and
+  /// errors are not reported (the node ignores unknown handles anyway).
+  Status freeTensors(std::span<const wire::Handle> handles, bool want_reply = true);
   /// Registers serialized Graph bytes; returns the id the node computed.
   Result<wire::GraphId> registerGraph(std::span<const std::byte> graph_bytes);
   /// Runs a registered graph; `inline_payload` holds the bytes of inline inputs.
   Result<std::vector<ReturnedTensor>> runGraph(const wire::RunGraphArgs& run,
                                                std::span<const std::byte> inline_payload = {});
+  /// The same, returning the whole reply: outputs without a copy, and the descriptors of
+  /// KeepAndDescribe outputs.
+  Result<RunReply> runGraphReply(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload = {});
   Result<wire::StatsArgs> stats();
   Status ping();
+  /// Traffic so far (any thread).
+  ClientCounters counters() const;
   /// Says Goodbye and closes. Idempotent; also done by the destructor.
   void close();
 

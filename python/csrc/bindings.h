@@ -1,0 +1,51 @@
+// Shared pieces of the genie._C extension (python/csrc): one function per file that adds its
+// bindings to the module, and the conversions both use. Handles and graph ids cross into
+// Python as 16 bytes: `hi` big-endian, then `lo` big-endian, so bytes.hex() equals
+// wire::toString().
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "genie/wire/genie_generated.h"
+
+namespace genie::python {
+
+namespace py = pybind11;
+
+/// encode_graph, TensorRef, ScalarSlot (graph_encoder.cc).
+void bindGraphEncoder(py::module_& m);
+/// The number of remote_accelerator devices c10 reports (device_guard.cc).
+void setDeviceCount(int count);
+
+/// The Python type name of `obj` ("int", "Tensor").
+inline std::string typeName(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
+
+/// 16 bytes -> Handle or GraphId. TypeError/ValueError naming `what` otherwise.
+template <typename Id>
+Id idOf(py::handle obj, const std::string& what) {
+  if (!PyBytes_Check(obj.ptr())) {
+    throw py::type_error(what + ": expected 16 bytes, got " + typeName(obj));
+  }
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  PyBytes_AsStringAndSize(obj.ptr(), &data, &size);
+  if (size != 16) throw py::value_error(what + ": expected 16 bytes, got " + std::to_string(size));
+  uint64_t hi = 0, lo = 0;
+  for (int i = 0; i < 8; ++i) hi = (hi << 8) | static_cast<uint8_t>(data[i]);
+  for (int i = 8; i < 16; ++i) lo = (lo << 8) | static_cast<uint8_t>(data[i]);
+  return Id(hi, lo);
+}
+
+/// Handle or GraphId -> 16 bytes.
+template <typename Id>
+py::bytes bytesOfId(const Id& id) {
+  char data[16];
+  for (int i = 0; i < 8; ++i) data[i] = static_cast<char>(id.hi() >> (56 - 8 * i));
+  for (int i = 0; i < 8; ++i) data[8 + i] = static_cast<char>(id.lo() >> (56 - 8 * i));
+  return py::bytes(data, 16);
+}
+
+}  // namespace genie::python

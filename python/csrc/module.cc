@@ -1,0 +1,584 @@
+// genie._C: the module, its errors, and Client, a thin binding of genie::client::Client (the
+// C++ client of genie-node; Python never re-implements the transport). Every blocking call
+// releases the GIL while it waits. Status values become the exceptions of genie.errors
+// (imported lazily; RuntimeError if it cannot be imported):
+//   kPeerUnreachable, kTimeout          -> GenieConnectionError (message names host:port)
+//   kRemote (the node's Error reply)    -> GenieRemoteError(message, code, op_index, op_name, node_message)
+//   anything else                       -> GenieError
+// Argument mistakes raise TypeError / ValueError before anything is sent.
+//
+// This file and graph_encoder.cc are the extension's only pybind11 + torch translation
+// units (compile time). No spdlog here: torch ships its own fmt (genie/log.h is safe).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+// pybind11 first: it includes Python.h, which torch's Python headers expect.
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "genie/client/client.h"
+#include "genie/wire/torch_dtype.h"
+
+#ifndef GENIE_SOURCE_DIR
+#define GENIE_SOURCE_DIR ""
+#endif
+
+namespace genie::python {
+namespace {
+
+using client::Client;
+
+// ---- errors -----------------------------------------------------------------------------
+
+/// The class `name` of genie.errors, or RuntimeError when that module cannot be imported.
+py::object errorClass(const char* name) {
+  try {
+    return py::module_::import("genie.errors").attr(name);
+  } catch (py::error_already_set&) {
+    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  }
+}
+
+/// The ErrorCode name at the front of a kRemote message ("UnknownOp op 0 (...): ...").
+std::string codeNameOf(const std::string& message) {
+  size_t end = message.find_first_of(" :");
+  return message.substr(0, end == std::string::npos ? message.size() : end);
+}
+
+/// Raises the genie.errors exception for a failed status. Call with the GIL held.
+/// `remote`: the parts of the node's Error reply, when the client still exists.
+[[noreturn]] void raiseStatus(const Status& status, const std::string& address,
+                              const client::RemoteError* remote = nullptr) {
+  std::string message = status.message();
+  py::object error;
+  switch (status.code()) {
+    case StatusCode::kPeerUnreachable:
+    case StatusCode::kTimeout:
+      if (message.find(address) == std::string::npos) message = "genie-node " + address + ": " + message;
+      error = errorClass("GenieConnectionError")(message);
+      break;
+    case StatusCode::kRemote: {
+      py::object cls = errorClass("GenieRemoteError");
+      if (cls.ptr() == PyExc_RuntimeError) {
+        error = cls(message);
+      } else if (remote != nullptr) {
+        error = cls(message, py::arg("code") = std::string(wire::errorCodeName(remote->code)),
+                    py::arg("op_index") = remote->op_index, py::arg("op_name") = remote->op_name,
+                    py::arg("node_message") = remote->message);
+      } else {  // refused at Hello: only the message is left
+        std::string code = codeNameOf(message);
+        size_t colon = message.find(": ");
+        error = cls(message, py::arg("code") = code, py::arg("op_index") = -1, py::arg("op_name") = "",
+                    py::arg("node_message") = colon == std::string::npos ? message : message.substr(colon + 2));
+      }
+      break;
+    }
+    default:
+      error = errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);
+  }
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  throw py::error_already_set();
+}
+
+// ---- tensors ----------------------------------------------------------------------------
+
+/// A CPU tensor's wire descriptor and the storage span that travels for it.
+struct OutgoingTensor {
+  at::Tensor tensor;  // keeps the bytes alive while they are sent
+  wire::TensorDescArgs desc;
+  const std::byte* bytes = nullptr;  // element 0 of the storage span (storage_offset prefix included)
+  uint64_t nbytes = 0;
+};
+
+OutgoingTensor outgoingOf(py::handle obj, const std::string& what) {
+  if (!THPVariable_Check(obj.ptr())) throw py::type_error(what + ": expected a torch.Tensor, got " + typeName(obj));
+  at::Tensor t = THPVariable_Unpack(obj.ptr());
+  if (!t.defined()) throw py::value_error(what + ": an undefined tensor");
+  if (!t.device().is_cpu()) {
+    throw py::value_error(what + ": a tensor on " + t.device().str() + "; genie._C sends CPU tensors");
+  }
+  if (t.layout() != c10::kStrided) throw py::value_error(what + ": only strided (dense) tensors can be sent");
+  const wire::DType dtype = wire::wireDTypeOf(t.scalar_type());
+  if (dtype == wire::DType::Undefined) {
+    throw py::type_error(what + ": dtype " + std::string(c10::toString(t.scalar_type())) + " has no wire dtype");
+  }
+  if (t.is_conj() || t.is_neg()) t = t.resolve_conj().resolve_neg();  // the bytes must hold the values
+  OutgoingTensor out;
+  out.desc.dtype = dtype;
+  out.desc.shape.assign(t.sizes().begin(), t.sizes().end());
+  if (!t.is_contiguous()) out.desc.strides.assign(t.strides().begin(), t.strides().end());
+  out.desc.storage_offset = t.storage_offset();
+  auto nbytes = wire::tensorSpanBytes(dtype, out.desc.shape, out.desc.strides, out.desc.storage_offset);
+  if (!nbytes) throw py::value_error(what + ": " + nbytes.status().message());
+  out.nbytes = *nbytes;
+  if (out.nbytes > 0) {
+    out.bytes = static_cast<const std::byte*>(t.const_data_ptr()) - t.storage_offset() * static_cast<int64_t>(t.itemsize());
+  }
+  out.tensor = std::move(t);
+  return out;
+}
+
+/// Lays tensors out in one payload (PayloadLayout offsets) and copies their storage spans
+/// into it. First version: one copy on the sending side (the transport sends one contiguous
+/// payload per message; a gather list would avoid it). Call without the GIL.
+std::vector<std::byte> gatherPayload(std::span<const OutgoingTensor> tensors, std::span<const uint64_t> offsets,
+                                     uint64_t size) {
+  std::vector<std::byte> payload(size);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].nbytes) std::memcpy(payload.data() + offsets[i], tensors[i].bytes, tensors[i].nbytes);
+  }
+  return payload;
+}
+
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(shape[i], 1);
+  return strides;
+}
+
+c10::ScalarType scalarTypeOf(wire::DType dtype) {
+  auto type = wire::torchScalarType(dtype);
+  if (!type) throw py::value_error("the node sent a tensor of wire dtype " + std::string(wire::dtypeName(dtype)));
+  return *type;
+}
+
+/// A CPU tensor over tensor i's bytes in the reply's payload (no copy: the tensor's deleter
+/// holds the payload buffer, shared by every tensor of that reply).
+at::Tensor tensorOf(const client::TensorBatch& batch, size_t i) {
+  const wire::TensorDescArgs& desc = batch.tensors[i].desc;
+  const auto options = at::TensorOptions().dtype(scalarTypeOf(desc.dtype)).device(c10::kCPU);
+  const std::vector<int64_t> strides = desc.strides.empty() ? contiguousStrides(desc.shape) : desc.strides;
+  if (batch.nbytesOf(i) == 0) return at::empty_strided(desc.shape, strides, options);
+  std::shared_ptr<std::byte> holder = batch.payload.data;
+  return at::for_blob(batch.payload.data.get() + batch.tensors[i].payload_offset, desc.shape)
+      .strides(strides)
+      .storage_offset(desc.storage_offset)
+      .deleter([holder](void*) {})
+      .options(options)
+      .make_tensor();
+}
+
+py::object dtypeObject(wire::DType dtype) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(scalarTypeOf(dtype))));
+}
+
+/// (dtype, shape, strides, storage_offset) of a KeepAndDescribe output.
+py::tuple describe(const wire::TensorDescArgs& desc) {
+  const std::vector<int64_t> strides = desc.strides.empty() ? contiguousStrides(desc.shape) : desc.strides;
+  return py::make_tuple(dtypeObject(desc.dtype), py::tuple(py::cast(desc.shape)), py::tuple(py::cast(strides)),
+                        desc.storage_offset);
+}
+
+wire::Residency residencyOf(py::handle obj, const std::string& what) {
+  const int64_t r = py::cast<int64_t>(obj);
+  if (r < 0 || r > static_cast<int64_t>(wire::Residency::MAX)) {
+    throw py::value_error(what + ": residency " + std::to_string(r) + " is not 0..3");
+  }
+  return static_cast<wire::Residency>(r);
+}
+
+py::tuple tupleOf(py::handle obj, size_t n, const std::string& what) {
+  if (!PyTuple_Check(obj.ptr()) && !PyList_Check(obj.ptr())) {
+    throw py::type_error(what + ": expected a tuple of " + std::to_string(n) + ", got " + typeName(obj));
+  }
+  py::tuple t = py::tuple(py::reinterpret_borrow<py::sequence>(obj));
+  if (t.size() != n) {
+    throw py::value_error(what + ": expected a tuple of " + std::to_string(n) + ", got " + std::to_string(t.size()) +
+                          " items");
+  }
+  return t;
+}
+
+/// Runs `f` without the GIL (the client's blocking calls).
+template <typename F>
+auto withoutGil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+std::string at(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
+
+// ---- Client -----------------------------------------------------------------------------
+
+class PyClient {
+ public:
+  PyClient(const std::string& host, int port, const std::string& name, const std::string& auth_token,
+           int64_t timeout_ms)
+      : address_(host + ":" + std::to_string(port)) {
+    if (port <= 0 || port > 65535) throw py::value_error("port " + std::to_string(port) + " is not 1..65535");
+    if (timeout_ms <= 0) throw py::value_error("timeout_ms must be positive");
+    auto transport = transport::WorkerConfig::fromEnvironment();
+    if (!transport) raiseStatus(transport.status(), address_);
+    client::ClientOptions options;
+    options.name = name;
+    options.auth_token = auth_token;
+    options.timeout = std::chrono::milliseconds(timeout_ms);
+    options.transport = *transport;
+    auto connected = withoutGil([&] { return Client::connect(host, static_cast<uint16_t>(port), options); });
+    if (!connected) raiseStatus(connected.status(), address_);
+    client_ = std::move(*connected);
+  }
+
+  ~PyClient() {
+    if (!client_) return;
+    if (_Py_IsFinalizing()) {  // no GIL juggling at interpreter exit
+      client_->close();
+      return;
+    }
+    py::gil_scoped_release release;
+    client_->close();
+  }
+
+  const std::string& address() const { return address_; }
+  py::bytes sessionId() const { return bytesOfId(live().sessionId()); }
+  const std::string& device() const { return live().welcome().device; }
+  const std::string& nodeName() const { return live().welcome().node_name; }
+  uint64_t memoryLimit() const { return live().welcome().memory_limit; }
+
+  void put(const py::list& items) {
+    std::vector<OutgoingTensor> tensors;
+    std::vector<wire::TensorSlotArgs> slots;
+    std::vector<uint64_t> offsets;
+    wire::PayloadLayout layout;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string what = at("put: items", i);
+      py::tuple item = tupleOf(items[i], 3, what);
+      wire::TensorSlotArgs slot;
+      slot.handle = idOf<wire::Handle>(item[0], what + " handle");
+      tensors.push_back(outgoingOf(item[1], what + " tensor"));
+      slot.residency = residencyOf(item[2], what);
+      slot.desc = tensors.back().desc;
+      slot.payload_offset = layout.add(tensors.back().nbytes);
+      offsets.push_back(slot.payload_offset);
+      slots.push_back(std::move(slot));
+    }
+    if (slots.empty()) return;
+    check(withoutGil([&] {
+      if (tensors.size() == 1) {  // one tensor: sent straight from its storage
+        return live().putTensors(slots, {tensors[0].bytes, tensors[0].nbytes});
+      }
+      std::vector<std::byte> payload = gatherPayload(tensors, offsets, layout.size());
+      return live().putTensors(slots, payload);
+    }));
+  }
+
+  py::list get(const py::list& handles) {
+    std::vector<wire::Handle> ids;
+    for (size_t i = 0; i < handles.size(); ++i) ids.push_back(idOf<wire::Handle>(handles[i], at("get: handles", i)));
+    py::list out;
+    if (ids.empty()) return out;
+    auto batch = withoutGil([&] { return live().getTensors(ids); });
+    check(batch);
+    for (size_t i = 0; i < batch->tensors.size(); ++i) out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(tensorOf(*batch, i))));
+    return out;
+  }
+
+  void free(const py::list& handles) {
+    std::vector<wire::Handle> ids;
+    for (size_t i = 0; i < handles.size(); ++i) ids.push_back(idOf<wire::Handle>(handles[i], at("free: handles", i)));
+    if (ids.empty()) return;
+    check(withoutGil([&] { return live().freeTensors(ids, /*want_reply=*/false); }));
+  }
+
+  py::bytes registerGraph(const py::bytes& graph) {
+    std::string_view bytes = graph;
+    auto id = withoutGil(
+        [&] { return live().registerGraph({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}); });
+    check(id);
+    return bytesOfId(*id);
+  }
+
+  py::list runGraph(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
+                    const py::list& outputs, const py::list& free) {
+    wire::RunGraphArgs run;
+    run.graph_id = idOf<wire::GraphId>(graph_id, "run_graph: graph_id");
+    std::vector<OutgoingTensor> inline_tensors;
+    std::vector<uint64_t> offsets;
+    wire::PayloadLayout layout;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string what = at("run_graph: inputs", i);
+      py::tuple item = tupleOf(inputs[i], 2, what);
+      wire::InputBindingArgs binding;
+      binding.input = py::cast<uint32_t>(item[0]);
+      if (PyBytes_Check(item[1].ptr())) {
+        binding.handle = idOf<wire::Handle>(item[1], what);
+      } else if (THPVariable_Check(item[1].ptr())) {
+        inline_tensors.push_back(outgoingOf(item[1], what));
+        wire::TensorSlotArgs slot;
+        slot.desc = inline_tensors.back().desc;
+        slot.payload_offset = layout.add(inline_tensors.back().nbytes);
+        offsets.push_back(slot.payload_offset);
+        binding.inline_tensor = std::move(slot);
+      } else {
+        throw py::type_error(what + ": expected a 16-byte handle or a torch.Tensor, got " + typeName(item[1]));
+      }
+      run.inputs.push_back(std::move(binding));
+    }
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      const std::string what = at("run_graph: scalars", i);
+      py::tuple item = tupleOf(scalars[i], 2, what);
+      wire::ScalarBindingArgs scalar;
+      scalar.slot = py::cast<uint32_t>(item[0]);
+      PyObject* v = item[1].ptr();
+      if (PyBool_Check(v)) {
+        scalar.value = v == Py_True;
+      } else if (PyLong_Check(v)) {
+        scalar.value = py::cast<int64_t>(item[1]);
+      } else if (PyFloat_Check(v)) {
+        scalar.value = PyFloat_AsDouble(v);
+      } else {
+        throw py::type_error(what + ": expected int, float or bool, got " + typeName(item[1]));
+      }
+      run.scalars.push_back(scalar);
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const std::string what = at("run_graph: outputs", i);
+      py::tuple item = tupleOf(outputs[i], 4, what);
+      wire::OutputSpecArgs spec;
+      spec.value = py::cast<uint32_t>(item[0]);
+      const int64_t action = py::cast<int64_t>(item[1]);
+      if (action < 0 || action > static_cast<int64_t>(wire::OutputAction::MAX)) {
+        throw py::value_error(what + ": action " + std::to_string(action) + " is not 0..3");
+      }
+      spec.action = static_cast<wire::OutputAction>(action);
+      if (!item[2].is_none()) {
+        spec.handle = idOf<wire::Handle>(item[2], what + " handle");
+      } else if (spec.action != wire::OutputAction::Return) {
+        throw py::value_error(what + ": action " + std::string(wire::EnumNameOutputAction(spec.action)) +
+                              " needs a handle");
+      }
+      spec.residency = residencyOf(item[3], what);
+      run.outputs.push_back(spec);
+    }
+    for (size_t i = 0; i < free.size(); ++i) run.free.push_back(idOf<wire::Handle>(free[i], at("run_graph: free", i)));
+
+    auto reply = withoutGil([&] {
+      // Inline inputs are small: copied into the message's payload.
+      std::vector<std::byte> payload = gatherPayload(inline_tensors, offsets, layout.size());
+      return live().runGraphReply(run, payload);
+    });
+    check(reply);
+    py::list out;
+    size_t returned = 0, described = 0;
+    for (const wire::OutputSpecArgs& spec : run.outputs) {
+      switch (spec.action) {
+        case wire::OutputAction::Return:
+        case wire::OutputAction::ReturnAndKeep:
+          if (returned >= reply->outputs.tensors.size()) throw malformedReply("returned outputs");
+          out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(tensorOf(reply->outputs, returned++))));
+          break;
+        case wire::OutputAction::KeepAndDescribe:
+          if (described >= reply->described.size()) throw malformedReply("described outputs");
+          out.append(describe(reply->described[described++].desc));
+          break;
+        default:
+          out.append(py::none());
+      }
+    }
+    return out;
+  }
+
+  py::dict stats() {
+    auto s = withoutGil([&] { return live().stats(); });
+    check(s);
+    py::dict resident;
+    for (const auto& [residency, bytes] : s->resident) resident[wire::EnumNameResidency(residency)] = bytes;
+    py::dict out;
+    out["sessions"] = s->sessions;
+    out["resident"] = resident;
+    out["graphs_cached"] = s->graphs_cached;
+    out["ops_executed"] = s->ops_executed;
+    out["bytes_in"] = s->bytes_in;
+    out["bytes_out"] = s->bytes_out;
+    out["memory_limit"] = s->memory_limit;
+    out["uptime_us"] = s->uptime_us;
+    return out;
+  }
+
+  double ping() {
+    std::chrono::steady_clock::duration elapsed{};
+    check(withoutGil([&] {
+      const auto start = std::chrono::steady_clock::now();
+      Status status = live().ping();
+      elapsed = std::chrono::steady_clock::now() - start;
+      return status;
+    }));
+    return std::chrono::duration<double>(elapsed).count();
+  }
+
+  py::dict counters() const {
+    const client::ClientCounters c = live().counters();
+    py::dict out;
+    out["bytes_sent"] = c.bytes_sent;
+    out["bytes_received"] = c.bytes_received;
+    out["messages_sent"] = c.messages_sent;
+    out["round_trips"] = c.round_trips;
+    return out;
+  }
+
+  void close() {
+    py::gil_scoped_release release;
+    client_->close();
+  }
+
+  std::string repr() const {
+    return "<genie._C.Client " + address_ + " device=" + client_->welcome().device + " session=" +
+           wire::toString(client_->sessionId()) + ">";
+  }
+
+ private:
+  /// The connected client (the constructor raises when it cannot connect: never null).
+  Client& live() const { return *client_; }
+
+  /// Raises for a failed status (GIL held).
+  void check(const Status& status) const {
+    if (!status) raiseStatus(status, address_, &client_->lastRemoteError());
+  }
+  template <typename T>
+  void check(const Result<T>& result) const {
+    check(result.status());
+  }
+
+  py::error_already_set malformedReply(const char* what) const {
+    PyErr_SetString(errorClass("GenieError").ptr(),
+                    ("genie-node " + address_ + " answered RunGraph with fewer " + what + " than asked for").c_str());
+    return py::error_already_set();
+  }
+
+  std::string address_;
+  std::unique_ptr<Client> client_;
+};
+
+// ---- module functions -------------------------------------------------------------------
+
+std::string nodeBinary() {
+  namespace fs = std::filesystem;
+  const fs::path here = fs::path(py::cast<std::string>(py::module_::import("genie._C").attr("__file__"))).parent_path();
+  const fs::path installed = here / "bin" / "genie-node";
+  const fs::path built = fs::path(GENIE_SOURCE_DIR) / "build" / "bin" / "genie-node";
+  for (const fs::path& p : {installed, built}) {
+    std::error_code ec;
+    if (!p.empty() && fs::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  PyErr_SetObject(PyExc_FileNotFoundError,
+                  py::str("no genie-node executable: looked for " + installed.string() + " (installed with genie) and " +
+                          built.string() + " (the repository's build)")
+                      .ptr());
+  throw py::error_already_set();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() =
+      "Genie's C++ extension: the client of genie-node (UCX transport, FlatBuffers wire), the graph "
+      "encoder, and the remote_accelerator (PrivateUse1) device guard. Handles and graph ids are "
+      "16 bytes (hi then lo, big-endian; .hex() is the node's spelling). Errors: genie.errors.";
+
+  m.def("set_device_count", &setDeviceCount, py::arg("n"),
+        "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
+  m.def("protocol_version", [] { return wire::kProtocolVersion; },
+        "The wire protocol version this extension speaks (int; a node with another refuses Hello).");
+  m.def("node_binary", &nodeBinary,
+        "Path (str) of a genie-node executable: the one installed next to this module (genie/bin/"
+        "genie-node), else <repo>/build/bin/genie-node. FileNotFoundError naming both otherwise.");
+
+  py::class_<PyClient>(m, "Client", R"doc(
+A session with one genie-node (UCX; Hello/Welcome on construction).
+
+Client(host: str, port: int, name: str = "genie-python", auth_token: str = "", timeout_ms: int = 60000)
+  timeout_ms bounds each request (ms). The transport reads the GENIE_* / UCX_* environment.
+  Raises GenieConnectionError (unreachable: names host:port), GenieRemoteError (refused:
+  code "Unauthenticated" / "UnsupportedVersion").
+
+Handles are 16 bytes chosen by the caller (e.g. os.urandom(16); all-zero is invalid).
+Residency ints: 0 EphemeralActivation, 1 PersistentWeight, 2 StatefulKvCache, 3 Gradient.
+Every blocking method releases the GIL while it waits.
+)doc")
+      .def(py::init<const std::string&, int, const std::string&, const std::string&, int64_t>(), py::arg("host"),
+           py::arg("port"), py::arg("name") = "genie-python", py::arg("auth_token") = "",
+           py::arg("timeout_ms") = 60000)
+      .def_property_readonly("session_id", &PyClient::sessionId, "The session's id (16 bytes).")
+      .def_property_readonly("device", &PyClient::device, "The node's device: \"cpu\", \"cuda:0\".")
+      .def_property_readonly("node_name", &PyClient::nodeName, "The node's name.")
+      .def_property_readonly("memory_limit", &PyClient::memoryLimit,
+                             "The node's limit on resident tensors (bytes; 0 = unlimited).")
+      .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
+      .def("put", &PyClient::put, py::arg("items"), R"doc(
+put(items: list[tuple[bytes, torch.Tensor, int]]) -> None
+
+Stores CPU tensors on the node in one PutTensors: (16-byte handle, tensor, residency int).
+Any dtype with a wire dtype; shape, strides and storage_offset are kept: the bytes sent are the
+storage span the view needs (storage_offset prefix included). One tensor is sent straight from
+its storage; several are copied into one payload first. Conjugate/negative views are resolved.
+Raises TypeError/ValueError (not a CPU strided tensor, bad handle/residency), GenieRemoteError
+(DuplicateHandle, OutOfMemory, TooLarge), GenieConnectionError.
+)doc")
+      .def("get", &PyClient::get, py::arg("handles"), R"doc(
+get(handles: list[bytes]) -> list[torch.Tensor]
+
+Fetches resident tensors in one GetTensors: CPU tensors with the node's dtype, shape, strides
+and storage_offset, wrapping the received buffer without a copy (the tensors of one call share
+it: it is freed when the last of them is). Raises GenieRemoteError (UnknownHandle),
+GenieConnectionError.
+)doc")
+      .def("free", &PyClient::free, py::arg("handles"), R"doc(
+free(handles: list[bytes]) -> None
+
+Frees resident tensors: one-way FreeTensors (want_reply=false), no round trip; unknown handles
+are ignored by the node. Raises GenieConnectionError if the connection is already gone.
+)doc")
+      .def("register_graph", &PyClient::registerGraph, py::arg("graph"), R"doc(
+register_graph(graph: bytes) -> bytes
+
+Registers serialized Graph bytes (encode_graph) and returns the 16-byte graph id (XXH3-128 of
+the bytes, computed by the node; registering the same bytes again is cheap). Raises
+GenieRemoteError (InvalidMessage, UnknownOp, SchemaMismatch: op_index names the node).
+)doc")
+      .def("run_graph", &PyClient::runGraph, py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
+           py::arg("outputs"), py::arg("free") = py::list(), R"doc(
+run_graph(graph_id: bytes, inputs, scalars, outputs, free=[]) -> list
+
+inputs:  list[tuple[int, bytes | torch.Tensor]]: (graph input index, 16-byte resident handle, or
+         a small CPU tensor sent inline in the payload). Inputs bound in the graph
+         (GraphInput.handle) may be left out.
+scalars: list[tuple[int, int | float | bool]]: (scalar slot, value).
+outputs: list[tuple[int, int, bytes | None, int]]: (value id, action, handle, residency);
+         action 0 Return, 1 KeepResident, 2 ReturnAndKeep, 3 KeepAndDescribe (all but Return
+         need a handle).
+free:    list[bytes]: handles the node frees before binding the inputs (RunGraph.free).
+Returns a list aligned with outputs: a CPU torch.Tensor (Return, ReturnAndKeep), a tuple
+(dtype: torch.dtype, shape: tuple[int], strides: tuple[int], storage_offset: int)
+(KeepAndDescribe), None (KeepResident). Raises GenieRemoteError (UnknownGraph, UnknownHandle,
+TorchError with op_index/op_name, OutOfMemory), GenieConnectionError, TypeError/ValueError.
+)doc")
+      .def("stats", &PyClient::stats, R"doc(
+stats() -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
+graphs_cached, ops_executed, bytes_in, bytes_out (bytes), memory_limit (bytes, 0 = none),
+uptime_us (µs).
+)doc")
+      .def("ping", &PyClient::ping, "ping() -> float: one Ping/Pong round trip, in seconds.")
+      .def("counters", &PyClient::counters, R"doc(
+counters() -> dict: this client's cumulative traffic: bytes_sent, bytes_received (headers +
+payloads of every message, bytes), messages_sent, round_trips (requests that waited for a reply).
+)doc")
+      .def("close", &PyClient::close, "Says Goodbye and closes (idempotent; also done when the object dies).")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyClient& self, py::args) { self.close(); })
+      .def("__repr__", &PyClient::repr);
+
+  bindGraphEncoder(m);
+}
+
+}  // namespace genie::python

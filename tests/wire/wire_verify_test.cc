@@ -286,7 +286,27 @@ void expectConsistent(const Message& m, size_t payload_bytes) {
   switch (m.body_type()) {
     case Body::PutTensors: slots(m.body_as_PutTensors()->tensors()); break;
     case Body::TensorData: slots(m.body_as_TensorData()->tensors()); break;
-    case Body::RunResult: slots(m.body_as_RunResult()->outputs()); break;
+    case Body::RunResult: {
+      slots(m.body_as_RunResult()->outputs());
+      const auto* described = m.body_as_RunResult()->described();
+      for (uint32_t i = 0; described && i < described->size(); ++i) {
+        const TensorSlot* s = described->Get(i);
+        ASSERT_NE(s->handle(), nullptr);
+        EXPECT_FALSE(isNull(*s->handle()));
+        ASSERT_NE(s->desc(), nullptr);
+        auto span = tensorSpanBytes(*s->desc());
+        ASSERT_TRUE(span.isOk());
+        EXPECT_EQ(span.value(), s->desc()->nbytes());
+        EXPECT_EQ(s->payload_offset(), 0u);
+        EXPECT_EQ(s->remote(), nullptr);
+      }
+      break;
+    }
+    case Body::RunGraph: {
+      const auto* free = m.body_as_RunGraph()->free();
+      for (uint32_t i = 0; free && i < free->size(); ++i) EXPECT_FALSE(isNull(*free->Get(i)));
+      break;
+    }
     case Body::RegisterGraph: {
       const auto* g = m.body_as_RegisterGraph()->graph();
       auto graph = verifyGraph(std::as_bytes(std::span(g->data(), g->size())));
@@ -399,6 +419,12 @@ TEST(WireVerifySemantics, VectorsOfWideScalarsMustBeAligned) {
   expectInvalid(rawSlots(s), 120,
                 "PutTensors.tensors[0].desc.shape: elements are not 8-byte aligned");
   s.misaligned_shape = false;
+  expectValid(rawSlots(s), 120);
+  // An empty vector has no element to misread: accepted wherever it sits (builders do not
+  // always 8-byte align an empty [int64], e.g. an empty IntListValue).
+  s.misaligned_shape = true;
+  s.shape = {};
+  s.nbytes = 4;
   expectValid(rawSlots(s), 120);
 }
 
@@ -599,6 +625,86 @@ TEST(WireVerifySemantics, RunGraphBindings) {
                                                  static_cast<Residency>(4)));
                 }),
                 0, "RunGraph.outputs[0].residency: 4 is not a Residency");
+  expectInvalid(run([&](auto& fbb, auto&, auto&, auto& out, auto&) {
+                  out.push_back(CreateOutputSpec(fbb, 3, OutputAction::KeepAndDescribe));
+                }),
+                0, "RunGraph.outputs[0].handle: missing (required)");
+  expectInvalid(run([&](auto& fbb, auto&, auto&, auto& out, auto&) {
+                  out.push_back(CreateOutputSpec(fbb, 3, OutputAction::KeepAndDescribe, &null));
+                }),
+                0, "RunGraph.outputs[0].handle: {0,0} is not a valid handle");
+}
+
+TEST(WireVerifySemantics, RunGraphFree) {
+  auto run = [](std::vector<Handle> free) {
+    flatbuffers::FlatBufferBuilder fbb;
+    const GraphId id(1, 2);
+    auto free_vec = fbb.CreateVectorOfStructs(free.data(), free.size());
+    return finished(fbb, CreateRunGraph(fbb, &id, 0, 0, 0, free_vec));
+  };
+  expectValid(run({}));
+  expectValid(run({samples::handle(1), samples::handle(2)}));
+  expectInvalid(run({samples::handle(1), Handle()}), 0,
+                "RunGraph.free[1]: {0,0} is not a valid handle");
+  // free rides on a run: the inline inputs' payload is still allowed beside it.
+  RunGraphArgs args;
+  args.graph_id = GraphId(1, 2);
+  args.free = {samples::handle(3)};
+  TensorSlotArgs small;
+  small.desc = {.dtype = DType::Int32, .shape = {2}};
+  args.inputs.push_back({0, Handle(), small});
+  auto built = buildRunGraph(1, args);
+  ASSERT_TRUE(built.isOk());
+  expectValid(built.value(), 8);
+}
+
+TEST(WireVerifySemantics, RunResultDescribedSlots) {
+  // described slots: handle required, descriptor consistent, no bytes (offset 0, no remote),
+  // whatever the payload holds for `outputs`.
+  auto result = [](const RawSlot& d) {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<flatbuffers::Offset<TensorSlot>> described = {rawSlot(fbb, RawSlot{}),
+                                                              rawSlot(fbb, d)};
+    return finished(fbb, CreateRunResult(fbb, 0, 1, fbb.CreateVector(described)));
+  };
+  expectValid(result(RawSlot{}), 0);  // 120 bytes described, none in the payload
+  RawSlot missing;
+  missing.handle.reset();
+  expectInvalid(result(missing), 0, "RunResult.described[1].handle: missing (required)");
+  RawSlot null;
+  null.handle = Handle();
+  expectInvalid(result(null), 0, "RunResult.described[1].handle: {0,0} is not a valid handle");
+  RawSlot offset;
+  offset.payload_offset = 64;
+  expectInvalid(result(offset), 256, "RunResult.described[1].payload_offset: 64 for a described tensor");
+  RawSlot remote;
+  remote.remote = true;
+  expectInvalid(result(remote), 0, "RunResult.described[1].remote: set for a described tensor");
+  RawSlot bad_desc;
+  bad_desc.nbytes = 100;
+  expectInvalid(result(bad_desc), 0,
+                "RunResult.described[1].desc: nbytes 100 does not match shape [5,6] of Float32");
+  RawSlot no_desc;
+  no_desc.with_desc = false;
+  expectInvalid(result(no_desc), 0, "RunResult.described[1].desc: missing (required)");
+  RawSlot residency;
+  residency.residency = 9;
+  expectInvalid(result(residency), 0, "RunResult.described[1].residency: 9 is not a Residency");
+}
+
+TEST(WireVerifySemantics, BoundGraphInputs) {
+  // GraphInput.handle is optional; {0,0} means "not bound".
+  samples::GraphMaker g;
+  g.tensorInput(DType::Float32, {2}, samples::handle(4));
+  g.tensorInput(DType::Float32, {2}, Handle());
+  g.node("aten::add", "Tensor", {g.tensor(0), g.tensor(1)});
+  auto bytes = g.finish();
+  auto graph = verifyGraph(bytesOf(bytes));
+  ASSERT_TRUE(graph.isOk()) << graph.status().toString();
+  ASSERT_NE(graph.value()->inputs()->Get(0)->handle(), nullptr);
+  EXPECT_TRUE(*graph.value()->inputs()->Get(0)->handle() == samples::handle(4));
+  EXPECT_EQ(graph.value()->inputs()->Get(1)->handle(), nullptr);
+  expectValid(buildRegisterGraph(1, bytesOf(bytes)));
 }
 
 TEST(WireVerifySemantics, StatsResidency) {

@@ -57,7 +57,22 @@ void checkAccepted(const Message& msg, const uint8_t* header, size_t payload_byt
   switch (msg.body_type()) {
     case Body::PutTensors: checkSlots(msg.body_as_PutTensors()->tensors(), payload_bytes); break;
     case Body::TensorData: checkSlots(msg.body_as_TensorData()->tensors(), payload_bytes); break;
-    case Body::RunResult: checkSlots(msg.body_as_RunResult()->outputs(), payload_bytes); break;
+    case Body::RunResult: {
+      checkSlots(msg.body_as_RunResult()->outputs(), payload_bytes);
+      const auto* described = msg.body_as_RunResult()->described();
+      for (uint32_t i = 0; described && i < described->size(); ++i) {
+        const TensorSlot* s = described->Get(i);
+        require(s->handle() && !isNull(*s->handle()) && s->payload_offset() == 0 && !s->remote());
+        auto span = tensorSpanBytes(*s->desc());
+        require(span.isOk() && span.value() == s->desc()->nbytes());
+      }
+      break;
+    }
+    case Body::RunGraph: {
+      const auto* free = msg.body_as_RunGraph()->free();
+      for (uint32_t i = 0; free && i < free->size(); ++i) require(!isNull(*free->Get(i)));
+      break;
+    }
     case Body::RegisterGraph: {
       const auto* bytes = msg.body_as_RegisterGraph()->graph();
       auto graph = verifyGraph(std::as_bytes(std::span(bytes->data(), bytes->size())));

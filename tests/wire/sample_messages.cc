@@ -87,7 +87,9 @@ std::vector<SampleMessage> sampleMessages() {
     run.inputs.push_back({1, Handle(), inline_tensor});
     run.scalars = {{0, int64_t{7}}};
     run.outputs = {{8, OutputAction::Return, Handle(), Residency::EphemeralActivation},
-                   {9, OutputAction::KeepResident, handle(10), Residency::StatefulKvCache}};
+                   {9, OutputAction::KeepResident, handle(10), Residency::StatefulKvCache},
+                   {10, OutputAction::KeepAndDescribe, handle(11), Residency::EphemeralActivation}};
+    run.free = {handle(4), handle(5)};
     add(Body::RunGraph, orDie(buildRunGraph(6, run)), layout.size());
   }
   {
@@ -96,7 +98,11 @@ std::vector<SampleMessage> sampleMessages() {
     out_slot.desc = {.dtype = DType::Float16, .shape = {2, 3}};
     out_slot.payload_offset = layout.add(12);
     const TensorSlotArgs outputs[] = {out_slot};
-    add(Body::RunResult, orDie(buildRunResult(6, outputs, 1234)), layout.size());
+    TensorSlotArgs described_slot;
+    described_slot.handle = handle(11);
+    described_slot.desc = {.dtype = DType::Int64, .shape = {5, 1}, .strides = {1, 5}};
+    const TensorSlotArgs described[] = {described_slot};
+    add(Body::RunResult, orDie(buildRunResult(6, outputs, 1234, described)), layout.size());
   }
   add(Body::Error, buildError(7, ErrorCode::TorchError, "shape mismatch", 2, "aten::add.Tensor"));
   add(Body::Ack, buildAck(8, 3));
@@ -127,7 +133,7 @@ flatbuffers::DetachedBuffer sampleGraph() {
   GraphMaker g;
   auto& fbb = g.fbb();
   g.tensorInput(DType::Float32, {2, 3});  // id 0
-  g.tensorInput(DType::Float32, {3});     // id 1
+  g.tensorInput(DType::Float32, {3}, handle(12));  // id 1: bound to a resident tensor
   g.setNumScalarInputs(1);
   // id 2 = add(x, y, alpha=1)
   g.node("aten::add", "Tensor", {g.tensor(0), g.tensor(1), g.integer(1, "alpha")});
@@ -182,9 +188,10 @@ flatbuffers::DetachedBuffer sampleGraph() {
   return g.finish("sample");
 }
 
-void GraphMaker::tensorInput(DType dtype, std::vector<int64_t> shape) {
+void GraphMaker::tensorInput(DType dtype, std::vector<int64_t> shape, Handle bound) {
   auto desc = createTensorDesc(fbb_, dtype, shape);
-  inputs_.push_back(CreateGraphInput(fbb_, InputKind::Tensor, desc ? *desc : 0));
+  inputs_.push_back(
+      CreateGraphInput(fbb_, InputKind::Tensor, desc ? *desc : 0, isNull(bound) ? nullptr : &bound));
 }
 
 flatbuffers::Offset<Argument> GraphMaker::arg(std::string_view name, Value type,

@@ -24,8 +24,8 @@ struct SampleMessage {
 /// feature shows up at least once (strides, storage_offset, remote buffers, inline inputs).
 std::vector<SampleMessage> sampleMessages();
 
-/// A valid Graph (finishGraph'd) with 2 tensor inputs, 1 scalar input and one argument of
-/// every Value kind.
+/// A valid Graph (finishGraph'd) with 2 tensor inputs (the second bound to handle(12)), 1
+/// scalar input and one argument of every Value kind.
 flatbuffers::DetachedBuffer sampleGraph();
 
 /// Builds Graphs argument by argument; nothing is checked, so tests can build bad ones.
@@ -33,7 +33,8 @@ class GraphMaker {
  public:
   flatbuffers::FlatBufferBuilder& fbb() { return fbb_; }
 
-  void tensorInput(DType dtype, std::vector<int64_t> shape);
+  /// `bound`: GraphInput.handle (a bound input); {0,0} leaves the input unbound.
+  void tensorInput(DType dtype, std::vector<int64_t> shape, Handle bound = {});
   void setNumScalarInputs(uint32_t n) { num_scalar_inputs_ = n; }
 
   /// Arguments; `name` empty means positional.

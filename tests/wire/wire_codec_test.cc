@@ -421,6 +421,8 @@ TEST(WireRoundTrip, RegisterGraph) {
   ASSERT_EQ(g->inputs()->size(), 2u);
   EXPECT_EQ(toVector(g->inputs()->Get(0)->desc()->shape()), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(g->inputs()->Get(1)->desc()->nbytes(), 12u);
+  EXPECT_EQ(g->inputs()->Get(0)->handle(), nullptr);
+  expectHandle(g->inputs()->Get(1)->handle(), samples::handle(12));
   EXPECT_EQ(g->num_scalar_inputs(), 1u);
   ASSERT_EQ(g->nodes()->size(), 7u);
   EXPECT_EQ(graphNumValues(*g), 10u);
@@ -474,7 +476,9 @@ TEST(WireRoundTrip, RunGraph) {
   run.inputs.push_back({1, Handle(), small});
   run.scalars = {{0, int64_t{128}}, {1, 0.25}, {2, true}};
   run.outputs = {{5, OutputAction::Return, Handle(), Residency::EphemeralActivation},
-                 {6, OutputAction::ReturnAndKeep, handle(9), Residency::StatefulKvCache}};
+                 {6, OutputAction::ReturnAndKeep, handle(9), Residency::StatefulKvCache},
+                 {7, OutputAction::KeepAndDescribe, handle(10), Residency::EphemeralActivation}};
+  run.free = {handle(11), handle(12)};
   auto buf = buildRunGraph(17, run);
   ASSERT_TRUE(buf.isOk());
   const Message* m = mustVerify(buf.value(), layout.size());
@@ -493,13 +497,27 @@ TEST(WireRoundTrip, RunGraph) {
   EXPECT_EQ(r->scalars()->Get(1)->slot(), 1u);
   EXPECT_EQ(r->scalars()->Get(1)->value_as_DoubleValue()->v(), 0.25);
   EXPECT_TRUE(r->scalars()->Get(2)->value_as_BoolValue()->v());
-  ASSERT_EQ(r->outputs()->size(), 2u);
+  ASSERT_EQ(r->outputs()->size(), 3u);
   EXPECT_EQ(r->outputs()->Get(0)->value(), 5u);
   EXPECT_EQ(r->outputs()->Get(0)->action(), OutputAction::Return);
   EXPECT_EQ(r->outputs()->Get(0)->handle(), nullptr);
   EXPECT_EQ(r->outputs()->Get(1)->action(), OutputAction::ReturnAndKeep);
   expectHandle(r->outputs()->Get(1)->handle(), handle(9));
   EXPECT_EQ(r->outputs()->Get(1)->residency(), Residency::StatefulKvCache);
+  EXPECT_EQ(r->outputs()->Get(2)->action(), OutputAction::KeepAndDescribe);
+  expectHandle(r->outputs()->Get(2)->handle(), handle(10));
+  ASSERT_NE(r->free(), nullptr);
+  ASSERT_EQ(r->free()->size(), 2u);
+  expectHandle(r->free()->Get(0), handle(11));
+  expectHandle(r->free()->Get(1), handle(12));
+  // No frees: the field is absent.
+  RunGraphArgs plain;
+  plain.graph_id = GraphId(3, 4);
+  auto plain_buf = buildRunGraph(18, plain);
+  ASSERT_TRUE(plain_buf.isOk());
+  const Message* p = mustVerify(plain_buf.value());
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->body_as_RunGraph()->free(), nullptr);
 }
 
 TEST(WireRoundTrip, RunResult) {
@@ -521,6 +539,32 @@ TEST(WireRoundTrip, RunResult) {
   ASSERT_EQ(r->outputs()->size(), 2u);
   expectSlot(r->outputs()->Get(0), out, 128);
   expectSlot(r->outputs()->Get(1), kept, 128);
+  EXPECT_EQ(r->described(), nullptr);  // no KeepAndDescribe outputs: absent
+}
+
+TEST(WireRoundTrip, RunResultDescribed) {
+  // A KeepAndDescribe output: descriptor and handle, no bytes (the payload stays empty).
+  TensorSlotArgs described;
+  described.handle = handle(5);
+  described.desc.dtype = DType::Int64;
+  described.desc.shape = {3, 2};
+  described.desc.strides = {1, 3};
+  described.desc.storage_offset = 2;
+  auto buf = buildRunResult(19, {}, 5, std::span(&described, 1));
+  ASSERT_TRUE(buf.isOk());
+  const Message* m = mustVerify(buf.value(), 0);
+  ASSERT_NE(m, nullptr);
+  const RunResult* r = m->body_as_RunResult();
+  EXPECT_EQ(r->outputs()->size(), 0u);
+  ASSERT_NE(r->described(), nullptr);
+  ASSERT_EQ(r->described()->size(), 1u);
+  const TensorSlot* s = r->described()->Get(0);
+  expectHandle(s->handle(), handle(5));
+  EXPECT_EQ(s->payload_offset(), 0u);
+  EXPECT_EQ(s->desc()->storage_offset(), 2);
+  EXPECT_EQ(s->desc()->nbytes(), (2 + 1 + 2 * 1 + 1 * 3) * 8u);
+  EXPECT_EQ(std::vector<int64_t>(s->desc()->strides()->begin(), s->desc()->strides()->end()),
+            (std::vector<int64_t>{1, 3}));
 }
 
 TEST(WireRoundTrip, Error) {

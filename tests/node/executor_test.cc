@@ -241,5 +241,78 @@ TEST_F(ExecutorTest, WrongInputCountsAreRefused) {
   EXPECT_NE(std::get<ExecutionError>(result).message.find("takes 1 tensor inputs, 0 given"), std::string::npos);
 }
 
+TEST_F(ExecutorTest, AnEmptyIntListFitsEveryListArgument) {
+  // A client that does not know a list's element type writes [] as an empty IntListValue.
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 3});
+  uint32_t sum = g.op("aten::sum", "dim_IntList", {T(x), Ints({})});             // int[1]?: all dims
+  uint32_t none = g.op("aten::broadcast_tensors", "", {Ints({})}, 0);            // Tensor[]: no outputs
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  EXPECT_EQ(none, sum + 1);
+  at::Tensor tx = at::randn({2, 3});
+  auto values = runOrFail(executor, *compiled.graph, {tx});
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_TRUE(at::allclose(values[sum], tx.sum()));
+
+  // Compiles for Tensor?[], bool[N], Scalar[] (with an empty Tensor[] beside it) and float[]?.
+  GraphBuilder lists;
+  uint32_t y = lists.input(DType::Float32, {2, 3});
+  uint32_t mean = lists.input(DType::Float32, {2, 1});
+  lists.op("aten::index", "Tensor", {T(y), Ints({})});
+  lists.op("aten::native_layer_norm_backward", "",
+           {T(y), T(y), Ints({3}), T(mean), T(mean), None(), None(), Ints({})}, 3);
+  lists.op("aten::_foreach_add", "ScalarList", {Ints({}), Ints({})}, 0);
+  lists.op("aten::upsample_nearest2d", "vec", {T(y), None(), Ints({})});
+  EXPECT_NE(compileOrFail(executor, lists).graph, nullptr);
+
+  // A non-empty IntListValue is still only an int list.
+  GraphBuilder bad;
+  uint32_t z = bad.input(DType::Float32, {2, 3});
+  bad.op("aten::index", "Tensor", {T(z), Ints({0})});
+  ExecutionError error = compileError(executor, bad);
+  EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+  EXPECT_NE(error.message.find("argument 'indices': expects Tensor?[], got IntListValue"), std::string::npos)
+      << error.message;
+}
+
+TEST_F(ExecutorTest, IntListsFillFloatListsAndIntsOrBoolsFillScalars) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {1, 1, 2, 3});
+  uint32_t up = g.op("aten::upsample_nearest2d", "vec", {T(x), None(), Ints({2, 3})});  // float[]? scale_factors
+  uint32_t times = g.op("aten::mul", "Scalar", {T(x), I(3)});                           // Scalar other
+  uint32_t plus = g.op("aten::add", "Scalar", {T(x), B(true)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::randn({1, 1, 2, 3});
+  auto values = runOrFail(executor, *compiled.graph, {tx});
+  ASSERT_FALSE(values.empty());
+  EXPECT_TRUE(at::equal(values[up], at::upsample_nearest2d(tx, std::nullopt, std::vector<double>{2.0, 3.0})));
+  EXPECT_EQ(values[up].sizes(), (std::vector<int64_t>{1, 1, 4, 9}));
+  EXPECT_TRUE(at::equal(values[times], tx * 3));
+  EXPECT_TRUE(at::equal(values[plus], tx + 1));
+
+  // Scalar slots stay int-only in an IntListValue for float[].
+  GraphBuilder slots;
+  uint32_t y = slots.input(DType::Float32, {1, 1, 2, 3});
+  slots.scalarSlot();
+  slots.op("aten::upsample_nearest2d", "vec", {T(y), None(), Ints({2, 2}, {0, -1})});
+  ExecutionError error = compileError(executor, slots);
+  EXPECT_NE(error.message.find("scalar slots"), std::string::npos) << error.message;
+}
+
+TEST_F(ExecutorTest, CompiledGraphsRememberBoundInputHandles) {
+  const wire::Handle weight(7, 42);
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {2, 3});
+  uint32_t w = g.input(DType::Float32, {3, 4}, weight);
+  g.op("aten::mm", "", {T(x), T(w)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  ASSERT_EQ(compiled.graph->inputHandles().size(), 2u);
+  EXPECT_TRUE(wire::isNull(compiled.graph->inputHandles()[0]));
+  EXPECT_TRUE(compiled.graph->inputHandles()[1] == weight);
+}
+
 }  // namespace
 }  // namespace genie::node

@@ -65,9 +65,10 @@ inline Arg Named(std::string name, Arg arg) {
 
 class GraphBuilder {
  public:
-  /// A tensor input; returns its value id.
-  uint32_t input(wire::DType dtype, std::vector<int64_t> shape) {
-    inputs_.push_back({dtype, std::move(shape)});
+  /// A tensor input; returns its value id. `bound`: GraphInput.handle (a bound input, taken
+  /// from the running session's tensor unless RunGraph binds it); {0,0}: not bound.
+  uint32_t input(wire::DType dtype, std::vector<int64_t> shape, wire::Handle bound = {}) {
+    inputs_.push_back({dtype, std::move(shape), bound});
     return next_value_++;
   }
   uint32_t scalarSlot() { return num_scalars_++; }
@@ -84,9 +85,10 @@ class GraphBuilder {
   flatbuffers::DetachedBuffer finish() {
     flatbuffers::FlatBufferBuilder fbb;
     std::vector<flatbuffers::Offset<wire::GraphInput>> inputs;
-    for (auto& [dtype, shape] : inputs_) {
+    for (auto& [dtype, shape, bound] : inputs_) {
       auto desc = wire::createTensorDesc(fbb, dtype, shape);
-      inputs.push_back(wire::CreateGraphInput(fbb, wire::InputKind::Tensor, desc.isOk() ? *desc : 0));
+      inputs.push_back(wire::CreateGraphInput(fbb, wire::InputKind::Tensor, desc.isOk() ? *desc : 0,
+                                              wire::isNull(bound) ? nullptr : &bound));
     }
     std::vector<flatbuffers::Offset<wire::Node>> nodes;
     for (auto& node : nodes_) {
@@ -107,7 +109,12 @@ class GraphBuilder {
     std::vector<Arg> args;
     uint32_t num_outputs;
   };
-  std::vector<std::pair<wire::DType, std::vector<int64_t>>> inputs_;
+  struct InputSpec {
+    wire::DType dtype;
+    std::vector<int64_t> shape;
+    wire::Handle bound;
+  };
+  std::vector<InputSpec> inputs_;
   std::vector<NodeSpec> nodes_;
   uint32_t next_value_ = 0;
   uint32_t num_scalars_ = 0;

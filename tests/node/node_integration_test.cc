@@ -9,6 +9,7 @@
 #include "genie/client/client.h"
 #include "genie/node/executor.h"
 #include "graph_builder.h"
+#include "node_test_util.h"
 #include "node_process.h"
 #include "sample_models.h"
 
@@ -20,42 +21,6 @@ using namespace testing;
 using client::Client;
 using client::ClientOptions;
 using wire::DType;
-
-std::unique_ptr<Client> connectOrFail(uint16_t port, const std::string& token = "") {
-  ClientOptions options;
-  options.auth_token = token;
-  options.timeout = 30s;
-  auto client = Client::connect("127.0.0.1", port, options);
-  EXPECT_TRUE(client.isOk()) << client.status().toString();
-  return client ? std::move(client.value()) : nullptr;
-}
-
-std::span<const std::byte> bytesOf(const at::Tensor& t) {
-  return {static_cast<const std::byte*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
-
-wire::TensorDescArgs descOf(const at::Tensor& t) {
-  wire::TensorDescArgs desc;
-  desc.dtype = Executor::wireDType(t.scalar_type());
-  desc.shape = t.sizes().vec();
-  return desc;
-}
-
-at::Tensor tensorOf(const client::ReturnedTensor& r) {
-  auto dtype = *Executor::scalarType(r.dtype);
-  at::Tensor t = at::empty(r.shape, at::TensorOptions().dtype(dtype));
-  std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
-  return t;
-}
-
-uint64_t residentBytes(Client& client) {
-  auto stats = client.stats();
-  EXPECT_TRUE(stats.isOk()) << stats.status().toString();
-  uint64_t total = 0;
-  if (stats) for (auto [residency, bytes] : stats->resident) total += bytes;
-  return total;
-}
-
 
 /// Puts `inputs` resident, registers `graph`, runs it returning `outputs`; the results.
 std::vector<at::Tensor> runThroughNode(Client& client, GraphBuilder& graph, const std::vector<at::Tensor>& inputs,

@@ -2,6 +2,7 @@
 // tensors and device guards on it. Genie's tensors on this device are LazyTensors (Python
 // wrapper subclasses, python/genie/lazy.py): they own no local memory, so there are no
 // streams or events to manage here; the guard only tracks the current device index.
+#include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -40,5 +41,12 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, RemoteAcceleratorGuardImpl);
 }  // namespace
 
 void setDeviceCount(int count) { g_device_count.store(static_cast<c10::DeviceIndex>(count)); }
+
+void setGeometry(const at::Tensor& tensor, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t storage_offset) {
+  TORCH_CHECK(tensor.device().type() == c10::DeviceType::PrivateUse1,
+              "set_geometry: only remote_accelerator tensors, got one on ", tensor.device());
+  TORCH_CHECK(sizes.size() == strides.size(), "set_geometry: ", sizes.size(), " sizes but ", strides.size(), " strides");
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+}
 
 }  // namespace genie::python

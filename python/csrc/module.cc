@@ -480,6 +480,9 @@ std::string nodeBinary() {
 
 }  // namespace
 
+/// Sets a remote_accelerator tensor's sizes, strides and storage offset (device_guard.cc).
+void setGeometry(const at::Tensor& tensor, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t storage_offset);
+
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "Genie's C++ extension: the client of genie-node (UCX transport, FlatBuffers wire), the graph "
@@ -488,6 +491,17 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
+  m.def(
+      "set_geometry",
+      [](py::handle tensor, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+         int64_t storage_offset) {
+        if (!THPVariable_Check(tensor.ptr())) throw py::type_error("set_geometry: expected a Tensor, got " + typeName(tensor));
+        setGeometry(THPVariable_Unpack(tensor.ptr()), sizes, strides, storage_offset);
+      },
+      py::arg("tensor"), py::arg("sizes"), py::arg("strides"), py::arg("storage_offset"),
+      "Gives a remote_accelerator tensor (a LazyTensor wrapper) new sizes, strides (elements) and "
+      "storage offset (elements), as resize_ does for an out= op that resizes its output. "
+      "RuntimeError for a tensor on another device or mismatched lengths.");
   m.def("protocol_version", [] { return wire::kProtocolVersion; },
         "The wire protocol version this extension speaks (int; a node with another refuses Hello).");
   m.def("node_binary", &nodeBinary,

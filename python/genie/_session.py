@@ -74,7 +74,7 @@ class EmbeddedNode:
         if marker not in line:
             self.stop()
             raise GenieConnectionError(f"genie: the embedded genie-node ({self.binary}) did not start: {line!r}")
-        self.address = parse_servers(line.split(marker, 1)[1].strip())[0]
+        self.address = parse_servers(line.split(marker, 1)[1].split()[0])[0]
         return self.address
 
     def _read_line(self, timeout_s: float) -> str:

@@ -52,4 +52,18 @@ def register() -> None:
     _library.impl("empty.memory_format", lambda *a, **k: record_factory(aten.empty.memory_format, a, k), "PrivateUse1")
     _library.impl("empty_strided", lambda *a, **k: record_factory(aten.empty_strided.default, a, k), "PrivateUse1")
     _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")
+    # Composite ops kept whole: a PrivateUse1 kernel stops PyTorch from decomposing them before
+    # __torch_dispatch__, so the node runs its fused kernel and the graph shows attention as such.
+    for name in _WHOLE_OPS:
+        _library.impl(name, _never_called(name), "PrivateUse1")
     _registered = True
+
+
+_WHOLE_OPS = ("scaled_dot_product_attention",)
+
+
+def _never_called(name: str):
+    def kernel(*args, **kwargs):
+        raise RuntimeError(f"aten::{name} reached genie's PrivateUse1 kernel: it should have been recorded "
+                           "by LazyTensor.__torch_dispatch__")
+    return kernel

@@ -3,8 +3,8 @@
 Interception only (the shape of PyTorch's `LoggingTensor`,
 `torch/testing/_internal/logging_tensor.py`): `__torch_dispatch__` hands every aten call to
 `genie.recorder.dispatch`, which records it. A LazyTensor owns no memory: it is a wrapper
-subclass whose sizes, strides and dtype come from a meta tensor (`_meta`), so `.shape`,
-`.dtype`, `.device` and `.size()` are answered locally, never by a round trip. Its value
+subclass made from a descriptor (sizes, strides, storage offset, dtype) that shape inference
+computed locally, so `.shape`, `.dtype`, `.device` and `.size()` never cost a round trip. Its value
 (`_cell.value`, a `genie.graph.Value`) is either pending in the runtime's graph or resident
 on the node under a handle.
 
@@ -35,20 +35,18 @@ class Cell:
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
-    Attributes (private): `_meta` (a meta tensor with this tensor's sizes, strides, dtype),
-    `_cell` (its current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
+    `desc` is (shape, strides, storage_offset, dtype). Attributes (private): `_cell` (its
+    current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
     """
 
-    _meta: torch.Tensor
     _cell: Cell
     _runtime: "object"
 
     @staticmethod
-    def __new__(cls, meta: torch.Tensor, value: Value, runtime) -> "LazyTensor":
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, meta.size(), strides=meta.stride(), storage_offset=meta.storage_offset(), dtype=meta.dtype,
-            device=runtime.device, requires_grad=False)
-        r._meta = meta
+    def __new__(cls, desc: tuple, value: Value, runtime) -> "LazyTensor":
+        shape, strides, offset, dtype = desc
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides, storage_offset=offset, dtype=dtype,
+                                                device=runtime.device, requires_grad=False)
         cell = Cell(value)
         r._cell = cell
         r._runtime = runtime
@@ -56,6 +54,9 @@ class LazyTensor(torch.Tensor):
         value.storage.live += 1
         runtime.track(weakref.ref(r, runtime.on_tensor_dead(cell)))
         return r
+
+    # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -190,6 +190,6 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
         schema = op._schema
         encoded = [("", conv(a)) for a in args] + [(k, conv(v)) for k, v in kwargs]
         nodes.append((schema.name, schema.overload_name, encoded, num_outputs))
-    inputs = [(dtype, handle if kind == "weight" else None)
-              for (kind, handle), dtype in zip(lowered.inputs, lowered.input_dtypes)]
+    # No input descriptors: graphs stay shape-generic (the node checks shapes as it runs ops).
+    inputs = [(None, handle if kind == "weight" else None) for kind, handle in lowered.inputs]
     return _C.encode_graph(inputs, len(lifted), nodes, name)

@@ -3,8 +3,9 @@
 `dispatch(func, args, kwargs)` is `LazyTensor.__torch_dispatch__`. For an ordinary op it
 1. checks devices (PyTorch's rule: tensors on one device; 0-dim CPU tensors and Python scalars
    may join them; those CPU tensors travel inline as `Constant`s),
-2. infers the outputs' sizes, strides and dtypes by running the op on meta tensors (no round
-   trip), converting the remote device in arguments to `meta`,
+2. infers the outputs' sizes, strides and dtypes locally (no round trip): from a cache keyed by
+   the op and its arguments' shapes, strides, dtypes and non-tensor values, else by running the
+   op on meta tensors (the remote device in arguments becomes `meta`),
 3. records a `Node` in its device's runtime and wraps the meta outputs in LazyTensors:
    a view shares its input's `Storage`; an in-place or `out=` op returns the very tensor it
    wrote, now bound to the node's output (PyTorch's aliasing semantics, kept by the node
@@ -32,7 +33,7 @@ from .lazy import LazyTensor
 
 aten = torch.ops.aten
 _META = torch.device("meta")
-_PRIVATEUSE1 = "privateuse1"
+_PRIVATEUSE1 = "remote_accelerator"  # PrivateUse1, renamed
 _EMPTY_OPS = frozenset({aten.empty.memory_format, aten.empty_strided.default})
 
 
@@ -101,82 +102,146 @@ def _arg(args: tuple, kwargs: dict, where: int | str):
     return kwargs.get(where)
 
 
-class _Unwrapped:
-    """The meta-side and record-side forms of one call's arguments, and its runtime."""
-
-    __slots__ = ("runtime", "cpu_tensor")
-
-    def __init__(self) -> None:
-        self.runtime = None
-        self.cpu_tensor: torch.Tensor | None = None
-
-
 def _device_error(runtime, other: torch.Tensor) -> RuntimeError:
     return RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                         f"{runtime.device} and {other.device}!")
 
 
-def _unwrap(a, u: _Unwrapped):
-    """Returns (meta form, record form) of one argument."""
+# ---- tensor descriptors and meta tensors -----------------------------------------------------
+# A desc is (shape, stride, storage_offset, dtype): what a LazyTensor is made from.
+
+def desc_of(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+def meta_of(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s sizes, strides, offset and dtype (for shape inference)."""
+    shape, stride, offset = t.shape, t.stride(), t.storage_offset()
+    if offset == 0:
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=_META)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    return torch.empty(offset + span, dtype=t.dtype, device=_META).as_strided(shape, stride, offset)
+
+
+class _Call:
+    """One call's arguments: the runtime they live on, and the shape-cache key built while
+    converting them to the node's form (`Value`s, `Constant`s)."""
+
+    __slots__ = ("runtime", "cpu_tensor", "key")
+
+    def __init__(self, func) -> None:
+        self.runtime = None
+        self.cpu_tensor: torch.Tensor | None = None
+        self.key: list = [func]
+
+
+def _record_form(a, call: _Call):
+    """The node's form of one argument; appends its part of the shape-cache key."""
     if isinstance(a, LazyTensor):
         rt = a._runtime
-        if u.runtime is None:
-            u.runtime = rt
-        elif u.runtime is not rt:
+        if call.runtime is None:
+            call.runtime = rt
+        elif call.runtime is not rt:
             raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{u.runtime.device} and {rt.device}!")
-        return a._meta, a._runtime.value_of(a)
+                               f"{call.runtime.device} and {rt.device}!")
+        call.key.append((a.shape, a.stride(), a.storage_offset(), a.dtype))
+        return rt.value_of(a)
     if isinstance(a, torch.Tensor):
         if a.dim() == 0 and a.device.type == "cpu":
-            return a, Constant(a)
-        u.cpu_tensor = a
-        return a, a
-    if type(a) in (list, tuple):
-        pairs = [_unwrap(x, u) for x in a]
-        return type(a)(p[0] for p in pairs), type(a)(p[1] for p in pairs)
-    if isinstance(a, torch.device) and a.type == _PRIVATEUSE1:
-        return _META, a
-    if isinstance(a, torch.Generator):
-        return None, None  # random ops use the node's generator
-    return a, a
+            call.key.append(("cpu0", a.dtype))
+            return Constant(a)
+        call.cpu_tensor = a
+        return a
+    t = type(a)
+    if t is list or t is tuple:
+        call.key.append(t)
+        out = t(_record_form(x, call) for x in a)
+        call.key.append(len(a))
+        return out
+    if t is torch.device:
+        call.key.append(a.type)
+        return a
+    if t is torch.Generator:
+        return None  # random ops use the node's generator
+    call.key.append(a if t is not float or a == a else "nan")
+    return a
 
 
-def _unwrap_all(args: tuple, kwargs: dict):
-    u = _Unwrapped()
-    meta_args, rec_args = [], []
-    for a in args:
-        m, r = _unwrap(a, u)
-        meta_args.append(m)
-        rec_args.append(r)
-    meta_kwargs, rec_kwargs = {}, {}
+def _meta_form(a):
+    if isinstance(a, LazyTensor):
+        return meta_of(a)
+    t = type(a)
+    if t is list or t is tuple:
+        return t(_meta_form(x) for x in a)
+    if t is torch.device and a.type == _PRIVATEUSE1:
+        return _META
+    if t is torch.Generator:
+        return None
+    return a
+
+
+def _prepare(func, args: tuple, kwargs: dict):
+    call = _Call(func)
+    rec_args = tuple(_record_form(a, call) for a in args)
+    rec_kwargs = {}
     for k, a in kwargs.items():
-        m, r = _unwrap(a, u)
-        meta_kwargs[k] = m
-        rec_kwargs[k] = r
-    if u.cpu_tensor is not None and u.runtime is not None:
-        raise _device_error(u.runtime, u.cpu_tensor)
-    return u.runtime, tuple(meta_args), tuple(rec_args), meta_kwargs, rec_kwargs
+        call.key.append(k)
+        rec_kwargs[k] = _record_form(a, call)
+    if call.cpu_tensor is not None and call.runtime is not None:
+        raise _device_error(call.runtime, call.cpu_tensor)
+    return call, rec_args, rec_kwargs
 
 
-def _flatten_outputs(out) -> list:
-    if isinstance(out, torch.Tensor) or out is None:
-        return [out]
-    flat = []
-    for o in out:
-        flat.extend(_flatten_outputs(o) if isinstance(o, (list, tuple)) else [o])
-    return flat
+def _structure(out):
+    """The shape of an op's result: "T" (a tensor), None, or (type, [children])."""
+    if isinstance(out, torch.Tensor):
+        return "T"
+    if out is None:
+        return None
+    return (type(out), [_structure(o) for o in out])
 
 
-def _rebuild(out, wrapped: list):
-    """`out`'s structure with its tensors replaced, in order, by `wrapped`."""
+def _flat_descs(out, descs: list) -> list:
+    if isinstance(out, torch.Tensor):
+        descs.append(desc_of(out))
+    elif out is None:
+        descs.append(None)
+    else:
+        for o in out:
+            _flat_descs(o, descs)
+    return descs
+
+
+def _rebuild(structure, wrapped):
+    """`structure` filled, in order, with `wrapped`."""
     it = iter(wrapped)
 
-    def rec(o):
-        if isinstance(o, torch.Tensor) or o is None:
+    def rec(s):
+        if s == "T" or s is None:
             return next(it)
-        return type(o)(rec(x) for x in o)
+        kind, children = s
+        return kind(rec(c) for c in children)
 
-    return rec(out)
+    return rec(structure)
+
+
+_shape_cache: dict[tuple, tuple] = {}
+_SHAPE_CACHE_MAX = 200_000
+
+
+def infer_shapes(func, args: tuple, kwargs: dict, key: tuple):
+    """(structure, flat descs) of `func`'s outputs: from the cache, else by running it on meta
+    tensors. Deterministic in the key (shapes, strides, dtypes, non-tensor arguments). Raises
+    what the meta kernel raises."""
+    hit = _shape_cache.get(key)
+    if hit is not None:
+        return hit
+    meta_out = func(*(_meta_form(a) for a in args), **{k: _meta_form(v) for k, v in kwargs.items()})
+    result = (_structure(meta_out), _flat_descs(meta_out, []))
+    if len(_shape_cache) >= _SHAPE_CACHE_MAX:
+        _shape_cache.clear()
+    _shape_cache[key] = result
+    return result
 
 
 def _needs_remote_shape(error: Exception) -> bool:
@@ -196,22 +261,22 @@ def dispatch(func, args: tuple, kwargs: dict):
 
 def record_op(func, args: tuple, kwargs: dict):
     """Records `func` (no special handling): the generic path of `dispatch`."""
-    runtime, meta_args, rec_args, meta_kwargs, rec_kwargs = _unwrap_all(args, kwargs)
+    call, rec_args, rec_kwargs = _prepare(func, args, kwargs)
+    runtime = call.runtime
     if runtime is None:
         raise RuntimeError(f"{op_name(func)}: no remote_accelerator tensor among its arguments")
     info = op_info(func)
     if not info.tensor_returns:
         return runtime.run_scalar_op(func, rec_args, rec_kwargs)
     try:
-        meta_out = func(*meta_args, **meta_kwargs)
+        structure, descs = infer_shapes(func, args, kwargs, tuple(call.key))
     except Exception as error:  # noqa: BLE001 - classified below
         if not _needs_remote_shape(error):
             raise type(error)(f"{op_name(func)}: {error}") from error
         return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
-    flat = _flatten_outputs(meta_out)
-    node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(flat))
-    wrapped = _wrap_outputs(runtime, node, info, args, kwargs, flat)
-    return wrapped[0] if isinstance(meta_out, torch.Tensor) else _rebuild(meta_out, wrapped)
+    node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(descs))
+    wrapped = _wrap_outputs(runtime, node, info, args, kwargs, descs)
+    return wrapped[0] if structure == "T" else _rebuild(structure, wrapped)
 
 
 def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> tuple[Storage, ...]:
@@ -226,41 +291,49 @@ def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> tuple[Storage,
 
 
 def _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, num_outputs: int) -> Node:
-    node = Node(func, rec_args, rec_kwargs, num_outputs, _written_storages(info, args, kwargs))
+    writes = _written_storages(info, args, kwargs) if info.writes else ()
+    node = Node(func, rec_args, rec_kwargs, num_outputs, writes)
     runtime.record(node)
     return node
 
 
 def _output_storage(kind: str, source) -> Storage:
-    if kind in ("view", "write") and isinstance(source, LazyTensor):
+    if kind != "new" and isinstance(source, LazyTensor):
         return source._cell.value.storage
     return Storage()
 
 
-def _wrap_outputs(runtime, node: Node, info: OpInfo, args, kwargs, flat: list) -> list:
+def _wrap_outputs(runtime, node: Node, info: OpInfo, args, kwargs, descs: list) -> list:
     outputs = []
     wrapped = []
-    for i, meta in enumerate(flat):
-        kind, where = info.returns[i] if i < len(info.returns) and not info.list_return else (
-            info.returns[0] if info.returns else ("new", None))
+    returns = info.returns
+    for i, desc in enumerate(descs):
+        kind, where = returns[0 if info.list_return else i] if returns else ("new", None)
         source = _arg(args, kwargs, where) if where is not None else None
         if isinstance(source, (list, tuple)):
             source = source[i] if i < len(source) else None
-        dtype = meta.dtype if meta is not None else torch.float32
-        value = Value(node, i, _output_storage(kind, source), dtype)
+        value = Value(node, i, _output_storage(kind, source), desc[3] if desc is not None else torch.float32)
         outputs.append(value)
-        if meta is None:
+        if desc is None:
             wrapped.append(None)
         elif kind == "write" and isinstance(source, LazyTensor):
-            if source._meta.shape != source.shape or source._meta.stride() != source.stride():
-                raise NotImplementedError(f"{op_name(node.op)}: in-place ops that change a tensor's shape or "
-                                          "strides are not supported on remote_accelerator")
             runtime.rebind(source, value)
+            if desc != (tuple(source.shape), source.stride(), source.storage_offset(), source.dtype):
+                _resize(source, desc)  # a resizing out= op (aten::arange.start_out into empty(0))
             wrapped.append(source)
         else:
-            wrapped.append(LazyTensor(meta, value, runtime))
+            wrapped.append(LazyTensor(desc, value, runtime))
     node.outputs = tuple(outputs)
     return wrapped
+
+
+def _resize(t: LazyTensor, desc: tuple) -> None:
+    """Gives the wrapper `t` the sizes, strides and offset of `desc`, as resize_ would."""
+    from . import _C
+    shape, strides, offset, dtype = desc
+    if dtype != t.dtype:
+        raise RuntimeError(f"an out= op changed the dtype of a remote_accelerator tensor ({t.dtype} -> {dtype})")
+    _C.set_geometry(t, list(shape), list(strides), offset)
 
 
 def _record_with_remote_shapes(runtime, func, info: OpInfo, args, kwargs, rec_args, rec_kwargs):
@@ -271,20 +344,19 @@ def _record_with_remote_shapes(runtime, func, info: OpInfo, args, kwargs, rec_ar
     node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(info.returns))
     node.outputs = tuple(Value(node, i, _output_storage(kind, _arg(args, kwargs, where) if where is not None else None),
                                torch.float32) for i, (kind, where) in enumerate(info.returns))
-    descs = runtime.describe(list(node.outputs))
+    described = runtime.describe(list(node.outputs))
     wrapped = []
-    for value, (kind, where), desc in zip(node.outputs, info.returns, descs):
-        dtype, shape, strides, offset = desc
+    for value, (kind, where), (dtype, shape, strides, offset) in zip(node.outputs, info.returns, described):
         value.dtype = dtype
-        meta = torch.empty_strided(shape, strides, dtype=dtype, device=_META)
-        if offset:
-            meta = torch.as_strided(meta, shape, strides, offset)
+        desc = (tuple(shape), tuple(strides), offset, dtype)
         source = _arg(args, kwargs, where) if where is not None else None
         if kind == "write" and isinstance(source, LazyTensor):
             runtime.rebind(source, value)
+            if desc != desc_of(source):
+                _resize(source, desc)
             wrapped.append(source)
         else:
-            wrapped.append(LazyTensor(meta, value, runtime))
+            wrapped.append(LazyTensor(desc, value, runtime))
     return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
 
@@ -336,6 +408,12 @@ def _local_scalar_dense(func, args, kwargs):
     return args[0]._runtime.fetch(args[0]).item()
 
 
+def _same_value_view(func, args, kwargs):
+    """aten::detach / alias / lift_fresh: a new tensor on the very same value (no op recorded)."""
+    src = args[0]
+    return LazyTensor(desc_of(src), src._runtime.value_of(src), src._runtime)
+
+
 def _is_pinned(func, args, kwargs):
     return False
 
@@ -343,15 +421,13 @@ def _is_pinned(func, args, kwargs):
 def record_factory(func, args, kwargs):
     """A factory op on the remote device (`aten::empty.memory_format`, ...): a pending value."""
     from .runtime import runtime_for
-    device = torch.device(kwargs.get("device") or "remote_accelerator")
-    runtime = runtime_for(device)
-    meta_kwargs = dict(kwargs, device=_META)
-    meta_kwargs.pop("pin_memory", None)
-    meta = func(*args, **meta_kwargs)
-    info = op_info(func)
-    node = Node(func, tuple(args), dict(kwargs), 1)
+    runtime = runtime_for(torch.device(kwargs.get("device") or "remote_accelerator"))
+    call, rec_args, rec_kwargs = _prepare(func, args, kwargs)
+    meta_kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
+    _, descs = infer_shapes(func, args, meta_kwargs, tuple(call.key))
+    node = Node(func, rec_args, rec_kwargs, 1)
     runtime.record(node)
-    return _wrap_outputs(runtime, node, info, args, kwargs, [meta])[0]
+    return _wrap_outputs(runtime, node, op_info(func), args, kwargs, descs)[0]
 
 
 def _special_table():
@@ -361,6 +437,9 @@ def _special_table():
         aten._copy_from.default: _copy,
         aten._local_scalar_dense.default: _local_scalar_dense,
         aten.is_pinned.default: _is_pinned,
+        aten.detach.default: _same_value_view,
+        aten.alias.default: _same_value_view,
+        aten.lift_fresh.default: _same_value_view,
     }
     return table
 

@@ -28,11 +28,11 @@ import weakref
 import torch
 
 from .errors import GenieConnectionError, GenieError
-from .graph import Node, Storage, Value, op_name
+from .graph import Constant, Node, Storage, Value, op_name
 from .lower import GraphCache, encode, lower
 
 RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
-KV_CACHE = 2
+ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
 
 
 def new_handle() -> bytes:
@@ -44,6 +44,7 @@ class Runtime:
     """One remote device. Not thread-safe: PyTorch programs capture from one thread."""
 
     max_pending = 20000  # nodes; the pending graph runs when it grows past this
+    inline_max_bytes = 64 * 1024  # host tensors up to this size travel inline with a run
 
     def __init__(self, index: int, connect) -> None:
         self.index = index
@@ -52,10 +53,11 @@ class Runtime:
         self.client = None
         self.pending: list[Node] = []
         self.dead: list[Value] = []
-        self.to_free: list[bytes] = []
+        self.releasing: list[Value] = []  # resident values no tensor holds: their handles get freed
+        self._weights: dict[tuple, weakref.ref] = {}  # host bytes of uploaded weights -> their value
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
-        self._refs: set = set()
+        self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
         self._lock = threading.Lock()
 
     # ---- connection ---------------------------------------------------------------------
@@ -68,7 +70,7 @@ class Runtime:
 
     def _lost(self, error: BaseException) -> None:
         """The node went away: every value of the session is lost; the next call reconnects."""
-        for ref in list(self._refs):
+        for ref in list(self._refs.values()):
             t = ref()
             if t is not None:
                 t._cell.value.error = error
@@ -77,7 +79,7 @@ class Runtime:
                 v.error = error
         self.pending = []
         self.dead = []
-        self.to_free = []
+        self.releasing = []
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -96,13 +98,15 @@ class Runtime:
     # ---- tensors ------------------------------------------------------------------------
 
     def track(self, ref) -> None:
-        self._refs.add(ref)
+        # Keyed by the weakref's id: hashing a weakref hashes the tensor, and comparing two
+        # would call Tensor.__eq__ (a recorded op).
+        self._refs[id(ref)] = ref
 
     def on_tensor_dead(self, cell):
         refs, dead = self._refs, self.dead
 
         def callback(ref, cell=cell):
-            refs.discard(ref)
+            refs.pop(id(ref), None)
             dead.append(cell.value)
 
         return callback
@@ -118,8 +122,7 @@ class Runtime:
         old = tensor._cell.value
         old.tensors -= 1
         if old.tensors == 0 and old.handle is not None:
-            self.to_free.append(old.handle)
-            old.handle = None
+            self.releasing.append(old)  # freed once no pending op reads it
         tensor._cell.value = value
         value.tensors += 1
 
@@ -141,32 +144,72 @@ class Runtime:
         return Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
 
     def upload_tensor(self, cpu: torch.Tensor, residency: int):
+        """A new LazyTensor holding a copy of host tensor `cpu` (contiguous)."""
         from .lazy import LazyTensor
-        meta = torch.empty_strided(cpu.shape, cpu.stride(), dtype=cpu.dtype, device="meta")
         data = cpu if cpu.storage_offset() == 0 and cpu.is_contiguous() else cpu.contiguous()
-        if data is not cpu:
-            meta = torch.empty(cpu.shape, dtype=cpu.dtype, device="meta")
-        return LazyTensor(meta, self.upload(data, residency), self)
+        return LazyTensor((tuple(data.shape), data.stride(), 0, data.dtype), self.upload(data, residency), self)
 
     def copy_from_host(self, dst, src: torch.Tensor, residency: int) -> None:
-        """`dst.copy_(src)` for a host `src`: upload, then bind or record the copy."""
-        from .recorder import record_op
-        from .lazy import LazyTensor
+        """`dst.copy_(src)` for a host `src`. Parameters and tensors over `inline_max_bytes`
+        are put on the node now; smaller ones travel inline with the next run (no round
+        trip). A freshly made `dst` (`tensor.to(device)`) simply becomes the uploaded value."""
         data = src
         same_layout = (src.dtype == dst.dtype and src.shape == dst.shape and src.stride() == dst.stride()
                        and src.storage_offset() == 0 and src.device.type == "cpu")
-        if not same_layout or not _dense(src):
+        if not same_layout or not src.is_contiguous():
             data = torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype)
             data.copy_(src)
+        elif src.requires_grad:
+            data = src.detach()
         value = dst._cell.value
         fresh = (value.node is not None and value.node.op in _FRESH_OPS and value.tensors == 1
                  and value.storage.live == 1 and dst.storage_offset() == 0)
-        if fresh:
-            self.rebind(dst, self.upload(data, residency, storage=value.storage))
+        inline = residency != WEIGHT and data.numel() * data.element_size() <= self.inline_max_bytes
+        if fresh and self.pending and self.pending[-1] is value.node:
+            self.pending.pop()  # the empty tensor is never needed
+            if self.capture_log and self.capture_log[-1] is value.node:
+                self.capture_log.pop()
+        if inline:
+            source = Constant(data.clone() if data is src else data)  # a snapshot, as .to() makes
+            if fresh:
+                node = Node(_ALIAS, (source,), {}, 1)
+            else:
+                node = Node(_COPY, (value, source), {}, 1, writes=(value.storage,))
+            new_value = Value(node, 0, value.storage, dst.dtype)
+            node.outputs = (new_value,)
+            self.record(node)
+            self.rebind(dst, new_value)
             return
-        meta = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
-        uploaded = LazyTensor(meta, self.upload(data, residency), self)
-        record_op(torch.ops.aten.copy_.default, (dst, uploaded), {})
+        if fresh:
+            self.rebind(dst, self._upload_weight_once(src, data, residency, value.storage))
+            return
+        uploaded = self.upload(data, residency)
+        node = Node(_COPY, (value, uploaded), {}, 1, writes=(value.storage,))
+        new_value = Value(node, 0, value.storage, dst.dtype)
+        node.outputs = (new_value,)
+        self.record(node)
+        self.rebind(dst, new_value)
+        # No tensor holds `uploaded`: count it as one that already died, so its handle is
+        # freed once the copy has run.
+        uploaded.tensors += 1
+        uploaded.storage.live += 1
+        self.dead.append(uploaded)
+
+    def _upload_weight_once(self, src: torch.Tensor, data: torch.Tensor, residency: int, storage: Storage) -> Value:
+        """Uploads `data`; a weight whose host bytes were uploaded before (tied weights: GPT-2's
+        lm_head and wte are one Parameter, moved once per module by `module.to`) gets the value
+        already resident, so it travels and occupies node memory once."""
+        if residency != WEIGHT:
+            return self.upload(data, residency, storage=storage)
+        key = (src.untyped_storage().data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(), src.dtype,
+               src._version)
+        ref = self._weights.get(key)
+        known = ref() if ref is not None else None
+        if known is not None and known.handle is not None and known.error is None:
+            return known
+        value = self.upload(data, residency, storage=storage)
+        self._weights[key] = weakref.ref(value)
+        return value
 
     # ---- materialization ----------------------------------------------------------------
 
@@ -178,9 +221,8 @@ class Runtime:
         else:
             returned, _ = self._execute([value], [])
             out = returned[id(value)]
-        meta = tensor._meta
-        if tuple(out.shape) != tuple(meta.shape):
-            out = out.reshape(meta.shape)
+        if out.shape != tensor.shape:
+            out = out.reshape(tensor.shape)
         return out
 
     def describe(self, values: list[Value]) -> list[tuple]:
@@ -204,9 +246,10 @@ class Runtime:
         self._drain_dead()
         if self.pending:
             self._execute([], [])
-        elif self.to_free and self.client is not None:
-            frees, self.to_free = self.to_free, []
-            self._call("free", frees)
+        elif self.releasing and self.client is not None:
+            frees = self._take_frees(set())
+            if frees:
+                self._call("free", frees)
 
     def _pending_writes(self, storage: Storage) -> bool:
         return any(storage in node.writes for node in self.pending)
@@ -217,8 +260,21 @@ class Runtime:
             v.tensors -= 1
             v.storage.live -= 1
             if v.tensors == 0 and v.handle is not None:
-                self.to_free.append(v.handle)
+                self.releasing.append(v)
+
+    def _take_frees(self, in_use: set[bytes]) -> list[bytes]:
+        """Handles of released values that no op about to run reads; the rest wait."""
+        frees, waiting = [], []
+        for v in self.releasing:
+            if v.handle is None or v.tensors > 0:
+                continue  # already freed, or held again
+            if v.handle in in_use:
+                waiting.append(v)
+            else:
+                frees.append(v.handle)
                 v.handle = None
+        self.releasing = waiting
+        return frees
 
     def _live_nodes(self, wanted: set[int]) -> list[Node]:
         needed = set(wanted)
@@ -248,19 +304,14 @@ class Runtime:
                 graph_id = self._call("register_graph", encode(lowered, lifted))
                 self.graphs.remember(lowered, lifted, graph_id)
             bindings = [(i, obj) for i, (kind, obj) in enumerate(lowered.inputs) if kind != "weight"]
-            input_handles = {obj for kind, obj in lowered.inputs if kind != "inline"}
-            frees = [h for h in self.to_free if h not in input_handles]
-            self.to_free = [h for h in self.to_free if h in input_handles]
+            frees = self._take_frees({obj for kind, obj in lowered.inputs if kind != "inline"})
             specs, spec_values, kept = _output_specs(nodes, lowered.value_ids, returned, described)
             results = self._call("run_graph", graph_id, bindings, scalars, specs, frees)
             del client
         except GenieConnectionError:
             raise
         except BaseException as error:
-            for node in pending:
-                for v in node.outputs:
-                    v.node = None
-                    v.error = error
+            self.pending = self._after_failure(nodes, pending, error)
             raise
         for node in pending:
             for v in node.outputs:
@@ -275,6 +326,34 @@ class Runtime:
             elif action == KEEP_AND_DESCRIBE:
                 out_described[id(v)] = result
         return out_returned, out_described
+
+    @staticmethod
+    def _after_failure(nodes: list[Node], pending: list[Node], error: BaseException) -> list[Node]:
+        """What survives a failed run: the failing op (`error.op_index` into `nodes`), what
+        depends on it and the ops that already wrote node memory are lost (using their values
+        re-raises `error`); pure ops that do not depend on it go back to the pending graph, to
+        run with the next request. Without an op index, the whole cut is lost."""
+        failed = getattr(error, "op_index", -1)
+        if not isinstance(failed, int) or not 0 <= failed < len(nodes):
+            for node in pending:
+                for v in node.outputs:
+                    v.node = None
+                    v.error = error
+            return []
+        lost: set[int] = set()
+        for i, node in enumerate(nodes):
+            if i == failed or (i < failed and node.writes) or any(id(v) in lost for v in node.inputs()):
+                lost.update(id(v) for v in node.outputs)
+        survivors = []
+        cut = {id(n) for n in nodes}
+        for node in pending:
+            if id(node) in cut and id(node.outputs[0] if node.outputs else node) in lost:
+                for v in node.outputs:
+                    v.node = None
+                    v.error = error
+            elif id(node) in cut:
+                survivors.append(node)
+        return survivors
 
     # ---- information --------------------------------------------------------------------
 
@@ -326,6 +405,8 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 _FRESH_OPS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default})
+_ALIAS = torch.ops.aten.alias.default
+_COPY = torch.ops.aten.copy_.default
 
 _SDPA = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 _CACHE_WRITERS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.index_copy_.default,

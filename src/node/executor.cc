@@ -28,7 +28,7 @@ struct BoundArgument {
     kIntListWithSlots,    // ints, some taken from scalar slots
     kScalarSlot,          // scalars[slot], converted to `slot_as`
   };
-  enum class SlotAs : uint8_t { kInt, kFloat, kBool, kNumber };
+  enum class SlotAs : uint8_t { kInt, kFloat, kBool, kNumber, kTensor };
 
   Kind kind = Kind::kLiteral;
   c10::IValue literal;
@@ -88,6 +88,7 @@ class Binder {
     if (kind == Value::ScalarInputValue) return bindSlot(type, wire_arg.value_as_ScalarInputValue()->slot(), out);
     switch (type->kind()) {
       case c10::TypeKind::TensorType:
+        if (auto number = wrappedNumber(wire_arg)) return literal(*number, out);
         if (kind != Value::TensorValue) break;
         out.kind = BoundArgument::Kind::kTensor;
         out.value = wire_arg.value_as_TensorValue()->value();
@@ -157,6 +158,33 @@ class Binder {
     return std::nullopt;
   }
 
+  /// A Python number given for a Tensor argument (`x + 2` reaches __torch_dispatch__ as
+  /// aten::add.Tensor(x, 2)): the 0-dim CPU "wrapped number" tensor PyTorch's argument parser
+  /// makes, so type promotion treats it as a scalar.
+  static std::optional<at::Tensor> wrappedNumber(const wire::Argument& wire_arg) {
+    c10::Scalar scalar;
+    switch (wire_arg.value_type()) {
+      case Value::IntValue: scalar = wire_arg.value_as_IntValue()->v(); break;
+      case Value::DoubleValue: scalar = wire_arg.value_as_DoubleValue()->v(); break;
+      case Value::BoolValue: scalar = wire_arg.value_as_BoolValue()->v(); break;
+      case Value::ComplexValue: {
+        const auto* c = wire_arg.value_as_ComplexValue();
+        scalar = c10::complex<double>(c->re(), c->im());
+        break;
+      }
+      default: return std::nullopt;
+    }
+    return wrapNumber(scalar);
+  }
+
+ public:
+  static at::Tensor wrapNumber(const c10::Scalar& scalar) {
+    at::Tensor t = c10::scalar_to_tensor(scalar);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+
+ private:
   std::optional<std::string> bindSlot(const c10::TypePtr& type, uint32_t slot, BoundArgument& out) const {
     out.kind = BoundArgument::Kind::kScalarSlot;
     out.slot = static_cast<int32_t>(slot);
@@ -168,6 +196,7 @@ class Binder {
       case c10::TypeKind::BoolType:
       case c10::TypeKind::SymBoolType: out.slot_as = BoundArgument::SlotAs::kBool; return std::nullopt;
       case c10::TypeKind::NumberType: out.slot_as = BoundArgument::SlotAs::kNumber; return std::nullopt;
+      case c10::TypeKind::TensorType: out.slot_as = BoundArgument::SlotAs::kTensor; return std::nullopt;
       default: return fmt::format("a scalar input cannot fill an argument of type {}", type->str());
     }
   }
@@ -407,6 +436,7 @@ c10::IValue slotValue(const ScalarSlotValue& value, BoundArgument::SlotAs as) {
           case BoundArgument::SlotAs::kFloat: return c10::IValue(static_cast<double>(v));
           case BoundArgument::SlotAs::kBool: return c10::IValue(static_cast<bool>(v));
           case BoundArgument::SlotAs::kNumber: return c10::IValue(v);
+          case BoundArgument::SlotAs::kTensor: return c10::IValue(Binder::wrapNumber(c10::Scalar(v)));
         }
         return c10::IValue(v);
       },

@@ -327,6 +327,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
     }
     case wire::Body::RegisterGraph: return registerGraph(id, *msg.body_as_RegisterGraph());
     case wire::Body::RunGraph: return runGraph(id, message, *msg.body_as_RunGraph());
+    case wire::Body::StatsRequest: return node.reply(*endpoint, wire::buildStats(id, node.collectStats()));
     default:
       node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
                                       fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))});
@@ -647,6 +648,9 @@ void NodeService::Impl::onMessage(InboundMessage message) {
       return reply(*from, wire::buildPong(id, msg->body_as_Ping()->timestamp_ns()));
     }
     case wire::Body::StatsRequest:
+      // In a session, Stats is ordered after the session's earlier requests (a one-way
+      // FreeTensors before it is counted); without one (genie-node --stats), answered now.
+      if (session != sessions.end()) break;
       return reply(*from, wire::buildStats(id, collectStats()));
     case wire::Body::Goodbye:
       return endSession(from.get());

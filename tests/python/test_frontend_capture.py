@@ -28,7 +28,8 @@ def test_shapes_are_answered_locally():
     x = torch.ones(4, 6, device=DEV)
     before = round_trips()
     y = x.view(2, 12).t().unsqueeze(0)
-    assert y.shape == (1, 12, 2) and y.size(1) == 12 and y.stride() == (24, 1, 12) and y.dim() == 3
+    local = torch.ones(4, 6).view(2, 12).t().unsqueeze(0)
+    assert y.shape == (1, 12, 2) and y.size(1) == 12 and y.stride() == local.stride() and y.dim() == 3
     assert y.dtype == torch.float32 and y.device.type == "remote_accelerator"
     assert round_trips() == before
 
@@ -124,7 +125,7 @@ def test_item_in_control_flow():
     while x.sum().item() < 100:
         x = x * 2
         steps += 1
-    assert steps == 4 and x.tolist() == [16.0, 32.0, 48.0]
+    assert steps == 5 and x.tolist() == [32.0, 64.0, 96.0]
 
 
 def test_graph_reuse_sends_only_changed_scalars():
@@ -134,10 +135,11 @@ def test_graph_reuse_sends_only_changed_scalars():
         h = torch.ones(n, 32, device=DEV)
         return (h @ w).narrow(0, 0, n - 1).sum().item()
 
-    step(5)
-    step(6)  # the changing ints become scalar inputs here
+    step(5)  # w is still pending here (it travelled inline): a graph with its upload
+    step(6)  # w resident: the steady graph
+    step(7)  # the ints that changed become scalar inputs
     registered = genie.client_stats()["graphs_registered"]
-    for n in range(7, 12):
+    for n in range(8, 14):
         expected = (torch.ones(n, 32) @ w.cpu()).narrow(0, 0, n - 1).sum().item()
         assert step(n) == pytest.approx(expected, rel=1e-4)
     assert genie.client_stats()["graphs_registered"] == registered

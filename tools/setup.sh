@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Genie needs and is missing (Debian packages, the project's virtual
-# environment), then configures and builds into build/. Idempotent: fast when nothing changed.
+# environment), then configures and builds into build/, and installs the Python package
+# `genie` with its extension genie._C into .venv (editable; built in build-python/).
+# Idempotent: fast when nothing changed.
 #
 #   tools/setup.sh            # install + build
 #   GENIE_CMAKE_ARGS="-DGENIE_WITH_CUDA=ON" tools/setup.sh
@@ -35,13 +37,17 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "setup: installing torch into .venv (first time: several GB, minutes)"
+if ! .venv/bin/python -c "import torch, pybind11, scikit_build_core" 2>/dev/null; then
+  echo "setup: installing torch, pybind11, scikit-build-core into .venv (first time: several GB, minutes)"
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements.txt
 fi
 if ! .venv/bin/python -c "import pytest" 2>/dev/null; then
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt
 fi
+
+# ccache: paths made relative to the repository and the build directory left out of the
+# hash, so build/ and build-python/ (same depth, same flags) share objects.
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 
 # Configure once, then build incrementally (ccache keeps rebuilds of a fresh clone fast).
 if [ ! -f build/build.ninja ]; then
@@ -49,3 +55,25 @@ if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${GENIE_CMAKE_ARGS:-} >/dev/null
 fi
 cmake --build build -j "$(nproc)"
+
+# The Python package: `pip install -e .` builds genie._C and genie-node in build-python/
+# (scikit-build-core, pyproject.toml) and installs them into .venv; the Python sources stay in
+# python/genie. pip takes ~20 s even when nothing changed (CMake configure, wheel), so it is
+# skipped when the last install is newer than pyproject.toml and the build outputs, and ninja
+# has nothing to do. CC/CXX as the main build's (scikit-build-core would pick Python's g++,
+# and ccache hashes the compiler's name).
+python_installed() {
+  local stamp=build-python/.genie-installed platlib
+  [ -f "$stamp" ] && [ -f build-python/build.ninja ] && [ pyproject.toml -ot "$stamp" ] || return 1
+  for output in build-python/python/genie/_C*.so build-python/bin/genie-node; do
+    [ -f "$output" ] && [ "$output" -ot "$stamp" ] || return 1
+  done
+  platlib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')"
+  compgen -G "$platlib/genie/_C*.so" >/dev/null || return 1
+  ninja -C build-python -n genie_python genie-node 2>/dev/null | grep -q "no work to do"
+}
+if ! python_installed; then
+  echo "setup: pip install -e . (genie._C in build-python/)"
+  CC="${CC:-cc}" CXX="${CXX:-c++}" .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -e .
+  touch build-python/.genie-installed
+fi

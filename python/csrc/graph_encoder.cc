@@ -137,7 +137,7 @@ class Encoder {
     }
     if (refs + nones == n && nones > 0) {
       std::vector<int64_t> values;
-      for (py::handle item : items) values.push_back(item.is_none() ? -1 : item.cast<const TensorRef&>().value);
+      for (py::handle item : items) values.push_back(item.is_none() ? int64_t{-1} : int64_t{item.cast<const TensorRef&>().value});
       return {Value::OptionalTensorListValue,
               wire::CreateOptionalTensorListValue(fbb_, fbb_.CreateVector(values)).Union()};
     }

@@ -89,6 +89,9 @@ struct Client::Impl {
         pending.erase(it);
       }
     }
+    if (!waiting && msg->request_id() == 0 && msg->body_type() == wire::Body::Error) {
+      return failAllPending(*msg->body_as_Error());
+    }
     if (!waiting) {
       if (msg->body_type() == wire::Body::Goodbye) {
         GENIE_LOG_INFO("genie-node {} said goodbye: {}", peer, wire::stringOf(msg->body_as_Goodbye()->reason()));
@@ -107,6 +110,25 @@ struct Client::Impl {
     }
     message.receivePayload({waiting->payload.data.get(), waiting->payload.size},
                            [waiting](Status s) { waiting->finish(std::move(s)); });
+  }
+
+  /// An Error with request_id 0: the node refused a message it could not verify, so it cannot
+  /// say which. Every request waiting now fails with it (rather than waiting for its timeout).
+  void failAllPending(const wire::Error& error) {
+    GENIE_LOG_WARN("genie-node {} refused a message: {}", peer, wire::stringOf(error.message()));
+    std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      failed.swap(pending);
+      last_error = {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
+                    std::string(wire::stringOf(error.message()))};
+    }
+    for (auto& [id, waiting] : failed) {
+      waiting->finish(Status(StatusCode::kRemote,
+                             fmt::format("{}: {} (genie-node {} refused a request it could not read)",
+                                         wire::errorCodeName(error.code()), wire::stringOf(error.message()), peer),
+                             __FILE__, __LINE__));
+    }
   }
 
   /// Sends a message that gets no reply; `header` is copied by the transport.

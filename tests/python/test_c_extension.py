@@ -1,0 +1,214 @@
+"""genie._C against a real genie-node: tensors, graphs, errors, counters."""
+import os
+import time
+
+import pytest
+import torch
+
+import genie._C as C  # built and installed (editable) by tools/setup.sh
+from genie.errors import GenieConnectionError, GenieError, GenieRemoteError
+
+RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
+EPHEMERAL, WEIGHT = 0, 1
+
+
+def handle():
+    return os.urandom(16)
+
+
+@pytest.fixture
+def client(genie_node):
+    host, port = genie_node
+    c = C.Client(host, port, name="test-c-extension", timeout_ms=20000)
+    yield c
+    c.close()
+
+
+def ref(v):
+    return C.TensorRef(v)
+
+
+def test_module_basics():
+    assert C.protocol_version() >= 1
+    assert os.access(C.node_binary(), os.X_OK)
+    assert C.TensorRef(7).value == 7 and C.ScalarSlot(2).slot == 2
+    C.set_device_count(1)
+
+
+def test_client_properties(client, genie_node):
+    host, port = genie_node
+    assert client.address == f"{host}:{port}"
+    assert isinstance(client.session_id, bytes) and len(client.session_id) == 16
+    assert client.device == "cpu"
+    assert isinstance(client.node_name, str)
+    assert client.memory_limit == 0
+    assert 0 < client.ping() < 5
+
+
+def test_put_get_contiguous_several_dtypes(client):
+    tensors = [torch.randn(3, 4), torch.arange(10, dtype=torch.int64), torch.tensor([True, False, True]),
+               torch.randn(5, dtype=torch.complex64), torch.randn(2, 2).to(torch.bfloat16),
+               torch.randint(0, 255, (7,), dtype=torch.uint8), torch.zeros(0, 3)]
+    handles = [handle() for _ in tensors]
+    client.put([(h, t, WEIGHT) for h, t in zip(handles, tensors)])
+    got = client.get(handles)
+    assert len(got) == len(tensors)
+    for want, have in zip(tensors, got):
+        assert have.dtype == want.dtype and have.shape == want.shape and have.device.type == "cpu"
+        assert torch.equal(have, want)
+    # The tensors of one reply share its buffer: each stays valid alone.
+    first = got[0]
+    del got
+    assert torch.equal(first, tensors[0])
+
+
+def test_put_get_zero_dim(client):
+    # Alone: a 0-dim tensor (empty shape vector) inside a multi-tensor PutTensors is refused by
+    # the verifier today ("desc.shape: elements are not 8-byte aligned"; a wire builder issue).
+    h = handle()
+    client.put([(h, torch.tensor(2.5), EPHEMERAL)])
+    (back,) = client.get([h])
+    assert back.shape == () and back.item() == 2.5
+
+
+def test_put_get_strided_view(client):
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    view = base[1:5:2, ::3]  # storage_offset 10, strides (20, 3)
+    assert view.storage_offset() == 10 and not view.is_contiguous()
+    h = handle()
+    client.put([(h, view, EPHEMERAL)])
+    (back,) = client.get([h])
+    assert back.shape == view.shape and torch.equal(back, view)
+    single = handle()
+    client.put([(single, base.t(), EPHEMERAL)])  # one tensor: sent straight from its storage
+    assert torch.equal(client.get([single])[0], base.t())
+
+
+def _mlp_graph(bound_weight=None):
+    """relu(addmm(b, x, w)): inputs x (0), w (1), b (2); addmm -> 3, relu -> 4."""
+    inputs = [(torch.float32, None), (torch.float32, bound_weight), (torch.float32, None)]
+    nodes = [("aten::addmm", "", [("", ref(2)), ("", ref(0)), ("", ref(1))], 1),
+             ("aten::relu", "", [("", ref(3))], 1)]
+    return C.encode_graph(inputs, 0, nodes, name="mlp")
+
+
+def test_addmm_relu_graph(client):
+    x, w, b = torch.randn(4, 8), torch.randn(8, 5), torch.randn(5)
+    hw, hb = handle(), handle()
+    client.put([(hw, w, WEIGHT), (hb, b, WEIGHT)])
+    graph = _mlp_graph()
+    assert _mlp_graph() == graph  # deterministic bytes: one id per graph
+    gid = client.register_graph(graph)
+    assert isinstance(gid, bytes) and len(gid) == 16
+    assert client.register_graph(graph) == gid
+    hy = handle()
+    out = client.run_graph(gid, [(0, x), (1, hw), (2, hb)], [],
+                           [(4, RETURN, None, EPHEMERAL), (3, KEEP_AND_DESCRIBE, hy, EPHEMERAL)])
+    want = torch.relu(torch.addmm(b, x, w))
+    torch.testing.assert_close(out[0], want)
+    dtype, shape, strides, offset = out[1]
+    assert (dtype, shape, strides, offset) == (torch.float32, (4, 5), (5, 1), 0)
+    torch.testing.assert_close(client.get([hy])[0], torch.addmm(b, x, w))
+    # Frees riding on the run: hy is gone before the outputs are kept.
+    out = client.run_graph(gid, [(0, x), (1, hw), (2, hb)], [], [(4, KEEP, handle(), EPHEMERAL)], free=[hy])
+    assert out == [None]
+    with pytest.raises(GenieRemoteError) as err:
+        client.get([hy])
+    assert err.value.code == "UnknownHandle"
+
+
+def test_bound_input_graph(client):
+    x, w, b = torch.randn(3, 8), torch.randn(8, 2), torch.randn(2)
+    hw, hb = handle(), handle()
+    client.put([(hw, w, WEIGHT), (hb, b, WEIGHT)])
+    gid = client.register_graph(_mlp_graph(bound_weight=hw))
+    try:
+        (y,) = client.run_graph(gid, [(0, x), (2, hb)], [], [(4, RETURN, None, EPHEMERAL)])
+    except GenieRemoteError as e:  # a node without GraphInput.handle support
+        pytest.skip(f"genie-node does not support bound graph inputs yet: {e}")
+    torch.testing.assert_close(y, torch.relu(torch.addmm(b, x, w)))
+
+
+def test_scalar_slots(client):
+    x = torch.arange(12, dtype=torch.float32)
+    nodes = [("aten::view", "", [("", ref(0)), ("", [C.ScalarSlot(0), -1])], 1),
+             ("aten::mul", "Scalar", [("", ref(1)), ("other", C.ScalarSlot(1))], 1)]
+    gid = client.register_graph(C.encode_graph([(torch.float32, None)], 2, nodes))
+    (y,) = client.run_graph(gid, [(0, x)], [(0, 3), (1, 2.5)], [(2, RETURN, None, EPHEMERAL)])
+    torch.testing.assert_close(y, x.view(3, -1) * 2.5)
+
+
+def test_encode_graph_value_types():
+    nodes = [("aten::zeros", "", [("", [2, 3]), ("dtype", torch.float16), ("layout", torch.strided),
+                                  ("device", torch.device("cpu")), ("pin_memory", False)], 1),
+             ("aten::cat", "", [("", [ref(0), ref(1)]), ("dim", 0)], 1),
+             ("aten::index", "Tensor", [("", ref(2)), ("", [None, ref(0)])], 1),
+             ("test::values", "", [("", None), ("", 1.5), ("", 1 + 2j), ("", "mean"), ("", [1.0, 2]),
+                                   ("", [True, False]), ("", []), ("", torch.channels_last)], 1)]
+    graph = C.encode_graph([(torch.int64, None)], 0, nodes)
+    assert isinstance(graph, bytes) and len(graph) > 0
+    with pytest.raises(TypeError, match=r"nodes\[0\] \(aten::add.Tensor\) argument 1.*object"):
+        C.encode_graph([(None, None)], 0, [("aten::add", "Tensor", [("", ref(0)), ("", object())], 1)])
+    with pytest.raises(TypeError, match="list"):
+        C.encode_graph([(None, None)], 0, [("aten::add", "Tensor", [("", [ref(0), 1])], 1)])
+    with pytest.raises(ValueError, match="TensorValue"):  # refers to a value not produced yet
+        C.encode_graph([(None, None)], 0, [("aten::relu", "", [("", ref(5))], 1)])
+
+
+def test_unknown_op_is_a_remote_error(client):
+    graph = C.encode_graph([(torch.float32, None)], 0, [("aten::no_such_op", "", [("", ref(0))], 1)])
+    with pytest.raises(GenieRemoteError) as err:
+        gid = client.register_graph(graph)
+        client.run_graph(gid, [(0, torch.ones(2))], [], [(1, RETURN, None, EPHEMERAL)])
+    assert err.value.code == "UnknownOp"
+    assert err.value.op_index == 0
+    assert "no_such_op" in err.value.op_name
+    assert err.value.node_message
+
+
+def test_wrong_port_is_a_connection_error(free_port):
+    start = time.monotonic()
+    with pytest.raises(GenieConnectionError, match=f"127.0.0.1:{free_port}"):
+        C.Client("127.0.0.1", free_port, timeout_ms=2000)
+    assert time.monotonic() - start < 2.0
+
+
+def test_argument_errors(client):
+    with pytest.raises(ValueError, match="16 bytes"):
+        client.get([b"short"])
+    with pytest.raises(TypeError):
+        client.put([(handle(), "not a tensor", 0)])
+    with pytest.raises(ValueError, match="residency"):
+        client.put([(handle(), torch.ones(1), 9)])
+    with pytest.raises(GenieRemoteError) as err:
+        client.get([handle()])
+    assert err.value.code == "UnknownHandle"
+    assert issubclass(GenieRemoteError, GenieError)
+
+
+def test_counters_and_stats(client):
+    before = client.counters()
+    assert set(before) == {"bytes_sent", "bytes_received", "messages_sent", "round_trips"}
+    h = handle()
+    t = torch.randn(1024)
+    client.put([(h, t, WEIGHT)])
+    stats = client.stats()
+    assert stats["sessions"] >= 1 and stats["resident"]["PersistentWeight"] >= t.numel() * 4
+    for key in ("graphs_cached", "ops_executed", "bytes_in", "bytes_out", "memory_limit", "uptime_us"):
+        assert isinstance(stats[key], int)
+    client.free([h])  # one-way: a message, no round trip
+    after = client.counters()
+    assert after["round_trips"] == before["round_trips"] + 2
+    assert after["messages_sent"] == before["messages_sent"] + 3
+    assert after["bytes_sent"] >= before["bytes_sent"] + t.numel() * 4
+    assert after["bytes_received"] > before["bytes_received"]
+    client.ping()  # the free arrived before this round trip's reply
+    assert client.stats()["resident"].get("PersistentWeight", 0) == 0
+
+
+def test_closed_client_raises(genie_node):
+    c = C.Client(*genie_node)
+    c.close()
+    c.close()
+    with pytest.raises(GenieError):
+        c.ping()

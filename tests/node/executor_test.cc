@@ -182,9 +182,9 @@ TEST_F(ExecutorTest, UnknownOpIsNamedWithItsIndex) {
 
 TEST_F(ExecutorTest, ArgumentsThatDoNotFitTheSchemaAreRefused) {
   {
-    GraphBuilder g;  // a float where a tensor is expected
+    GraphBuilder g;  // an int list where a tensor is expected (numbers become wrapped numbers)
     uint32_t x = g.input(DType::Float32, {2});
-    g.op("aten::mm", "", {T(x), D(1.0)});
+    g.op("aten::mm", "", {T(x), Ints({1, 2})});
     ExecutionError error = compileError(executor, g);
     EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
     EXPECT_EQ(error.op_name, "aten::mm.default");
@@ -299,6 +299,23 @@ TEST_F(ExecutorTest, IntListsFillFloatListsAndIntsOrBoolsFillScalars) {
   slots.op("aten::upsample_nearest2d", "vec", {T(y), None(), Ints({2, 2}, {0, -1})});
   ExecutionError error = compileError(executor, slots);
   EXPECT_NE(error.message.find("scalar slots"), std::string::npos) << error.message;
+}
+
+TEST_F(ExecutorTest, NumbersForTensorArgumentsAreWrappedNumbers) {
+  // `x + 2` reaches __torch_dispatch__ as aten::add.Tensor(x, 2): the number is a 0-dim
+  // wrapped-number tensor, so type promotion keeps x's dtype.
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float16, {3});
+  uint32_t plus = g.op("aten::add", "Tensor", {T(x), D(2.5)});
+  uint32_t times = g.op("aten::mul", "Tensor", {T(x), I(3)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::randn({3}).to(at::kHalf);
+  auto values = runOrFail(executor, *compiled.graph, {tx});
+  ASSERT_FALSE(values.empty());
+  EXPECT_EQ(values[plus].scalar_type(), at::kHalf);
+  EXPECT_TRUE(at::equal(values[plus], tx + 2.5));
+  EXPECT_TRUE(at::equal(values[times], tx * 3));
 }
 
 TEST_F(ExecutorTest, CompiledGraphsRememberBoundInputHandles) {

@@ -4,8 +4,8 @@
 For each op in a fixed set (elementwise, matmul, views, reductions, normalization, attention),
 the same call is timed on
   - `LazyTensor` (genie): interception, shape inference (cached after the first call), recording;
-  - `NopTensor`: a wrapper subclass whose `__torch_dispatch__` returns a pre-made output of the
-    right shape: the cost of reaching Python dispatch at all, which every subclass pays.
+  - `NopTensor`: a wrapper subclass whose `__torch_dispatch__` only makes an output wrapper of
+    the right shape: the cost of reaching Python dispatch at all, which every subclass pays.
 The figure of merit is the median over ops of (LazyTensor - NopTensor) µs per op (target
 <= 10 µs, issue 4). Capture only: the pending graph is dropped between batches, nothing runs
 on the node (the embedded node is started for the uploads of the inputs only).
@@ -25,6 +25,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 import genie
 
@@ -32,19 +34,33 @@ DEV = "remote_accelerator:0"
 
 
 class NopTensor(torch.Tensor):
-    """Does nothing but return the output it was given (`_out`) for any op."""
+    """Does nothing but return fresh wrappers shaped like the op's outputs on CPU (looked up in
+    `OUTPUTS`): what any dispatch subclass pays (reaching Python, making output tensors)."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, like: torch.Tensor, out=None):
-        r = torch.Tensor._make_wrapper_subclass(cls, like.shape, strides=like.stride(), dtype=like.dtype)
-        r._out = out
-        return r
+    def __new__(cls, like: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(cls, like.shape, strides=like.stride(), dtype=like.dtype)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return args[0]._out
+        out = OUTPUTS[func]
+        if isinstance(out, torch.Tensor):
+            return NopTensor(out)
+        return tree_map(lambda t: NopTensor(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+OUTPUTS: dict = {}
+
+
+class _RecordOutputs(TorchDispatchMode):
+    """Notes each op's CPU outputs, for NopTensor to imitate."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        OUTPUTS[func] = out
+        return out
 
 
 def cases():
@@ -95,8 +111,9 @@ def main() -> None:
     for name, fn, shapes in cases():
         cpu = [torch.randn(s) for s in shapes] + [None] * (3 - len(shapes))
         lazy = [t.to(DEV) if t is not None else None for t in cpu]
-        out = fn(*cpu)
-        nop = [NopTensor(t, out) if t is not None else None for t in cpu]
+        with _RecordOutputs():
+            fn(*cpu)
+        nop = [NopTensor(t) if t is not None else None for t in cpu]
         with torch.no_grad():
             fn(*lazy)  # warm the shape cache
             lazy_us = time_per_call(fn, lazy, args.repeat, drop_pending)

@@ -16,8 +16,6 @@ methods PyTorch does not route through the dispatcher.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from .graph import Value, op_name
@@ -41,18 +39,20 @@ class LazyTensor(torch.Tensor):
 
     _cell: Cell
     _runtime: "object"
+    _desc: tuple
 
     @staticmethod
     def __new__(cls, desc: tuple, value: Value, runtime) -> "LazyTensor":
         shape, strides, offset, dtype = desc
         r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides, storage_offset=offset, dtype=dtype,
                                                 device=runtime.device, requires_grad=False)
+        r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
         cell = Cell(value)
         r._cell = cell
         r._runtime = runtime
         value.tensors += 1
         value.storage.live += 1
-        runtime.track(weakref.ref(r, runtime.on_tensor_dead(cell)))
+        runtime.track(r, cell)
         return r
 
     # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
@@ -60,8 +60,7 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .recorder import dispatch
-        return dispatch(func, args, kwargs or {})
+        return _dispatch(func, args, kwargs or {})
 
     @property
     def operation(self) -> str | None:
@@ -94,3 +93,6 @@ class LazyTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a remote_accelerator tensor cannot be pickled; call .cpu() first")
+
+
+from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor

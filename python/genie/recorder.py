@@ -111,6 +111,8 @@ def _device_error(runtime, other: torch.Tensor) -> RuntimeError:
 # A desc is (shape, stride, storage_offset, dtype): what a LazyTensor is made from.
 
 def desc_of(t: torch.Tensor) -> tuple:
+    if type(t) is LazyTensor:
+        return t._desc
     return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
 
 
@@ -144,7 +146,7 @@ def _record_form(a, call: _Call):
         elif call.runtime is not rt:
             raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                                f"{call.runtime.device} and {rt.device}!")
-        call.key.append((a.shape, a.stride(), a.storage_offset(), a.dtype))
+        call.key.append(a._desc)
         return rt.value_of(a)
     if isinstance(a, torch.Tensor):
         if a.dim() == 0 and a.device.type == "cpu":
@@ -167,6 +169,9 @@ def _record_form(a, call: _Call):
     return a
 
 
+_PLAIN = frozenset({int, bool, str, type(None), torch.dtype})
+
+
 def _meta_form(a):
     if isinstance(a, LazyTensor):
         return meta_of(a)
@@ -182,10 +187,30 @@ def _meta_form(a):
 
 def _prepare(func, args: tuple, kwargs: dict):
     call = _Call(func)
-    rec_args = tuple(_record_form(a, call) for a in args)
+    key = call.key
+    rec = []
+    for a in args:
+        if type(a) is LazyTensor:  # the common case, inlined
+            rt = a._runtime
+            if call.runtime is not rt:
+                if call.runtime is not None:
+                    raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                                       f"devices, {call.runtime.device} and {rt.device}!")
+                call.runtime = rt
+            key.append(a._desc)
+            v = a._cell.value
+            if v.error is not None:
+                raise v.error
+            rec.append(v)
+        elif type(a) in _PLAIN:
+            key.append(a)
+            rec.append(a)
+        else:
+            rec.append(_record_form(a, call))
+    rec_args = tuple(rec)
     rec_kwargs = {}
     for k, a in kwargs.items():
-        call.key.append(k)
+        key.append(k)
         rec_kwargs[k] = _record_form(a, call)
     if call.cpu_tensor is not None and call.runtime is not None:
         raise _device_error(call.runtime, call.cpu_tensor)
@@ -318,7 +343,7 @@ def _wrap_outputs(runtime, node: Node, info: OpInfo, args, kwargs, descs: list) 
             wrapped.append(None)
         elif kind == "write" and isinstance(source, LazyTensor):
             runtime.rebind(source, value)
-            if desc != (tuple(source.shape), source.stride(), source.storage_offset(), source.dtype):
+            if desc != source._desc:
                 _resize(source, desc)  # a resizing out= op (aten::arange.start_out into empty(0))
             wrapped.append(source)
         else:
@@ -334,6 +359,7 @@ def _resize(t: LazyTensor, desc: tuple) -> None:
     if dtype != t.dtype:
         raise RuntimeError(f"an out= op changed the dtype of a remote_accelerator tensor ({t.dtype} -> {dtype})")
     _C.set_geometry(t, list(shape), list(strides), offset)
+    t._desc = desc
 
 
 def _record_with_remote_shapes(runtime, func, info: OpInfo, args, kwargs, rec_args, rec_kwargs):

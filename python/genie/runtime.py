@@ -35,6 +35,12 @@ RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
 ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
 
 
+class _TensorRef(weakref.ref):
+    """A weakref to a LazyTensor that remembers its `Cell` (its current value)."""
+
+    __slots__ = ("cell",)
+
+
 def new_handle() -> bytes:
     """A fresh unguessable 128-bit handle (the OS's CSPRNG)."""
     return os.urandom(16)
@@ -97,19 +103,18 @@ class Runtime:
 
     # ---- tensors ------------------------------------------------------------------------
 
-    def track(self, ref) -> None:
+    def track(self, tensor, cell) -> None:
+        """Watches a new LazyTensor: when it dies, its value is queued as dead (`dead`)."""
+        ref = _TensorRef(tensor, self._on_tensor_dead)
+        ref.cell = cell
         # Keyed by the weakref's id: hashing a weakref hashes the tensor, and comparing two
         # would call Tensor.__eq__ (a recorded op).
         self._refs[id(ref)] = ref
 
-    def on_tensor_dead(self, cell):
-        refs, dead = self._refs, self.dead
-
-        def callback(ref, cell=cell):
-            refs.pop(id(ref), None)
-            dead.append(cell.value)
-
-        return callback
+    def _on_tensor_dead(self, ref) -> None:
+        # A weakref callback: may run during any allocation, so it only appends.
+        self._refs.pop(id(ref), None)
+        self.dead.append(ref.cell.value)
 
     def value_of(self, tensor) -> Value:
         value = tensor._cell.value

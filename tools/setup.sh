@@ -37,12 +37,12 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, pybind11, scikit_build_core" 2>/dev/null; then
-  echo "setup: installing torch, pybind11, scikit-build-core into .venv (first time: several GB, minutes)"
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements.txt
-fi
-if ! .venv/bin/python -c "import pytest" 2>/dev/null; then
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt
+# Reinstalled whenever a requirements file changes (a stamp holds their hash).
+requirements_hash="$(cat python/requirements.txt python/requirements-test.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat .venv/.genie-requirements 2>/dev/null)" != "$requirements_hash" ]; then
+  echo "setup: installing python/requirements*.txt into .venv (first time: torch is several GB, minutes)"
+  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements.txt -r python/requirements-test.txt
+  echo "$requirements_hash" > .venv/.genie-requirements
 fi
 
 # ccache: paths made relative to the repository and the build directory left out of the

@@ -1,5 +1,7 @@
 #include "genie/node/executor.h"
 
+#include "genie/wire/torch_dtype.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
 #include <ATen/ScalarOps.h>
@@ -41,32 +43,6 @@ struct BoundArgument {
 
 namespace {
 
-// ---- dtypes ---------------------------------------------------------------------------
-
-struct DTypePair {
-  wire::DType wire;
-  c10::ScalarType torch;
-};
-
-constexpr DTypePair kDTypes[] = {
-    {wire::DType::Float32, c10::ScalarType::Float},
-    {wire::DType::Float64, c10::ScalarType::Double},
-    {wire::DType::Float16, c10::ScalarType::Half},
-    {wire::DType::BFloat16, c10::ScalarType::BFloat16},
-    {wire::DType::Int8, c10::ScalarType::Char},
-    {wire::DType::Int16, c10::ScalarType::Short},
-    {wire::DType::Int32, c10::ScalarType::Int},
-    {wire::DType::Int64, c10::ScalarType::Long},
-    {wire::DType::UInt8, c10::ScalarType::Byte},
-    {wire::DType::Bool, c10::ScalarType::Bool},
-    {wire::DType::Complex64, c10::ScalarType::ComplexFloat},
-    {wire::DType::Complex128, c10::ScalarType::ComplexDouble},
-    {wire::DType::Float8_e4m3fn, c10::ScalarType::Float8_e4m3fn},
-    {wire::DType::Float8_e5m2, c10::ScalarType::Float8_e5m2},
-    {wire::DType::UInt16, c10::ScalarType::UInt16},
-    {wire::DType::UInt32, c10::ScalarType::UInt32},
-    {wire::DType::UInt64, c10::ScalarType::UInt64},
-};
 
 // ---- compile: wire argument -> BoundArgument ------------------------------------------
 
@@ -335,19 +311,9 @@ void flattenReturns(const c10::IValue& value, std::vector<at::Tensor>& out) {
 
 Executor::Executor(c10::Device device) : device_(device) {}
 
-std::optional<c10::ScalarType> Executor::scalarType(wire::DType dtype) {
-  for (const auto& pair : kDTypes) {
-    if (pair.wire == dtype) return pair.torch;
-  }
-  return std::nullopt;
-}
+std::optional<c10::ScalarType> Executor::scalarType(wire::DType dtype) { return wire::torchScalarType(dtype); }
 
-wire::DType Executor::wireDType(c10::ScalarType type) {
-  for (const auto& pair : kDTypes) {
-    if (pair.torch == type) return pair.wire;
-  }
-  return wire::DType::Undefined;
-}
+wire::DType Executor::wireDType(c10::ScalarType type) { return wire::wireDTypeOf(type); }
 
 ExecResult<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph& graph) const {
   auto compiled = std::make_shared<CompiledGraph>();

@@ -43,8 +43,6 @@ import signal
 import sys
 import time
 import traceback
-import types
-import unittest
 import warnings
 
 import torch
@@ -62,15 +60,7 @@ RANDOM_MARKERS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "unif
 # ---- loading op_db ----------------------------------------------------------------------------
 
 def load_op_db():
-    """PyTorch's op_db. torch's test utilities import `expecttest`; a stand-in is installed when
-    the package is absent (only its TestCase base class and ACCEPT flag are used at import)."""
-    try:
-        import expecttest  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("expecttest")
-        stub.TestCase = unittest.TestCase
-        stub.ACCEPT = False
-        sys.modules["expecttest"] = stub
+    """PyTorch's op_db (its test utilities need `expecttest`, in python/requirements-test.txt)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torch.testing._internal import common_methods_invocations as cmi

@@ -57,10 +57,6 @@ class Value:
         self.dtype = dtype
         self.error: BaseException | None = None  # set when the value is lost (failed run, node gone)
 
-    @property
-    def pending(self) -> bool:
-        return self.node is not None
-
     def __repr__(self) -> str:
         if self.node is not None:
             return f"%{self.node.seq}.{self.index}"

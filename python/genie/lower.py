@@ -46,7 +46,6 @@ class Lowered:
     key: tuple
     ints: list[int]
     inputs: list[tuple[str, object]]
-    input_dtypes: list[torch.dtype]
     value_ids: dict[int, int]  # id(Value) -> graph value id
     num_inputs: int
 
@@ -56,7 +55,6 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
     (values the caller wants returned that no node reads)."""
     value_ids: dict[int, int] = {}
     inputs: list[tuple[str, object]] = []
-    input_dtypes: list[torch.dtype] = []
     input_keys: list[tuple] = []
     produced: set[int] = set()
 
@@ -71,14 +69,12 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
             kind = "weight" if a.residency == 1 else "handle"
             value_ids[id(a)] = len(inputs)
             inputs.append((kind, a.handle))
-            input_dtypes.append(a.dtype)
             input_keys.append((kind, a.handle) if kind == "weight" else (kind, a.dtype))
         elif type(a) is Constant:
             if id(a) in value_ids:
                 return
             value_ids[id(a)] = len(inputs)
             inputs.append(("inline", a.tensor))
-            input_dtypes.append(a.tensor.dtype)
             input_keys.append(("inline", a.tensor.dtype))
         elif type(a) in (list, tuple):
             for x in a:
@@ -120,7 +116,7 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
             value_ids[id(o)] = next_id
             next_id += 1
     key = (tuple(input_keys), tuple(entries))
-    return Lowered(key, ints, inputs, input_dtypes, value_ids, len(inputs))
+    return Lowered(key, ints, inputs, value_ids, len(inputs))
 
 
 @dataclass

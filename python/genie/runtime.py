@@ -22,13 +22,12 @@ session lost, and the next use reconnects (or restarts the embedded node).
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 
 import torch
 
 from .errors import GenieConnectionError, GenieError
-from .graph import Constant, Node, Storage, Value, op_name
+from .graph import Constant, Node, Storage, Value
 from .lower import GraphCache, encode, lower
 
 RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
@@ -64,7 +63,6 @@ class Runtime:
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
         self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
-        self._lock = threading.Lock()
 
     # ---- connection ---------------------------------------------------------------------
 
@@ -140,7 +138,6 @@ class Runtime:
 
     def upload(self, cpu: torch.Tensor, residency: int, storage: Storage | None = None) -> Value:
         """Puts a host tensor on the node now (one PutTensors); returns its resident value."""
-        from .lazy import LazyTensor  # noqa: F401 - for type clarity only
         handle = new_handle()
         data = cpu.detach()
         if data.requires_grad or isinstance(data, torch.nn.Parameter):
@@ -403,10 +400,6 @@ def _output_specs(nodes: list[Node], value_ids: dict[int, int], returned: list[V
             if v.tensors > 0 and id(v) not in seen:
                 add(v, KEEP)
     return specs, values, kept
-
-
-def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous()
 
 
 _FRESH_OPS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default})

@@ -157,18 +157,24 @@ Status checkRemoteBuffer(const RemoteBuffer* remote, const Path& p, uint64_t min
 
 enum class HandleRule { kRequired, kOptional };
 
-Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
-                       size_t payload_bytes) {
+/// What every TensorSlot must satisfy: present, its handle (when `rule` requires one), its
+/// descriptor (`nbytes` gets the bytes it describes) and its residency.
+Status checkSlotHead(const TensorSlot* slot, const Path& p, HandleRule rule, uint64_t* nbytes) {
   if (!slot) return GENIE_INVALID(p, "missing (required)");
   if (rule == HandleRule::kRequired) {
     GENIE_RETURN_IF_ERROR(checkHandle(slot->handle(), Path(p, "handle")));
   }
-  uint64_t nbytes = 0;
-  GENIE_RETURN_IF_ERROR(checkTensorDesc(slot->desc(), Path(p, "desc"), &nbytes));
+  GENIE_RETURN_IF_ERROR(checkTensorDesc(slot->desc(), Path(p, "desc"), nbytes));
   if (!inEnum(slot->residency())) {
-    return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency",
-                         enumValue(slot->residency()));
+    return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency", enumValue(slot->residency()));
   }
+  return Status::ok();
+}
+
+Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
+                       size_t payload_bytes) {
+  uint64_t nbytes = 0;
+  GENIE_RETURN_IF_ERROR(checkSlotHead(slot, p, rule, &nbytes));
   if (slot->remote()) return checkRemoteBuffer(slot->remote(), Path(p, "remote"), nbytes);
   const uint64_t offset = slot->payload_offset();
   if (offset % kPayloadAlignment != 0) {
@@ -185,14 +191,8 @@ Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
 /// A slot that describes a tensor kept on the node (RunResult.described): handle and desc,
 /// no bytes anywhere (payload_offset 0, no remote).
 Status checkDescribedSlot(const TensorSlot* slot, const Path& p) {
-  if (!slot) return GENIE_INVALID(p, "missing (required)");
-  GENIE_RETURN_IF_ERROR(checkHandle(slot->handle(), Path(p, "handle")));
   uint64_t nbytes = 0;
-  GENIE_RETURN_IF_ERROR(checkTensorDesc(slot->desc(), Path(p, "desc"), &nbytes));
-  if (!inEnum(slot->residency())) {
-    return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency",
-                         enumValue(slot->residency()));
-  }
+  GENIE_RETURN_IF_ERROR(checkSlotHead(slot, p, HandleRule::kRequired, &nbytes));
   if (slot->payload_offset() != 0) {
     return GENIE_INVALID(Path(p, "payload_offset"),
                          "{} for a described tensor (its bytes stay on the node; must be 0)",

@@ -85,15 +85,23 @@ class Node:
         self.outputs: tuple[Value, ...] = ()
         self.writes = writes  # storages this op mutates (in-place and out= ops)
 
-    def inputs(self):
+    def inputs(self) -> list:
         """The `Value`s this node reads, in argument order."""
-        for a in itertools.chain(self.args, self.kwargs.values()):
-            if type(a) is Value:
-                yield a
-            elif type(a) in (list, tuple):
-                for x in a:
-                    if type(x) is Value:
-                        yield x
+        out = []
+        for a in self.args:
+            t = type(a)
+            if t is Value:
+                out.append(a)
+            elif t is list or t is tuple:
+                out.extend(x for x in a if type(x) is Value)
+        if self.kwargs:
+            for a in self.kwargs.values():
+                t = type(a)
+                if t is Value:
+                    out.append(a)
+                elif t is list or t is tuple:
+                    out.extend(x for x in a if type(x) is Value)
+        return out
 
     def __repr__(self) -> str:
         def show(a: Any) -> str:

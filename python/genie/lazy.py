@@ -30,6 +30,20 @@ class Cell:
         self.value = value
 
 
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _attach(r: "LazyTensor", desc: tuple, value: Value, runtime) -> "LazyTensor":
+    r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
+    cell = Cell(value)
+    r._cell = cell
+    r._runtime = runtime
+    value.tensors += 1
+    value.storage.live += 1
+    runtime.track(r, cell)
+    return r
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
@@ -37,23 +51,24 @@ class LazyTensor(torch.Tensor):
     current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
     """
 
-    _cell: Cell
-    _runtime: "object"
-    _desc: tuple
+    __slots__ = ("_cell", "_runtime", "_desc")
 
     @staticmethod
     def __new__(cls, desc: tuple, value: Value, runtime) -> "LazyTensor":
         shape, strides, offset, dtype = desc
-        r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides, storage_offset=offset, dtype=dtype,
-                                                device=runtime.device, requires_grad=False)
-        r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
-        cell = Cell(value)
-        r._cell = cell
-        r._runtime = runtime
-        value.tensors += 1
-        value.storage.live += 1
-        runtime.track(r, cell)
-        return r
+        r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
+        return _attach(r, desc, value, runtime)
+
+    @classmethod
+    def _make(cls, desc: tuple, contiguous: bool, value: Value, runtime) -> "LazyTensor":
+        """`LazyTensor(desc, value, runtime)`; `contiguous` says that desc's strides are the
+        default ones of its shape and its offset 0 (the wrapper is then made faster)."""
+        shape, strides, offset, dtype = desc
+        if contiguous:
+            r = _make_wrapper(cls, shape, dtype=dtype, device=runtime.device)
+        else:
+            r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
+        return _attach(r, desc, value, runtime)
 
     # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
     __torch_function__ = torch._C._disabled_torch_function_impl

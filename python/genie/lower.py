@@ -34,89 +34,115 @@ INT = _IntMarker()
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    """A reference to graph value `id` inside a lowered graph."""
+    """A reference to a value of a lowered graph: graph input `index` (`output` False) or the
+    `index`-th value the graph's nodes produce (`output` True). Wire value id: `index` for an
+    input, num_inputs + `index` for a produced value."""
 
-    id: int
+    output: bool
+    index: int
+
+
+_INPUT_REFS: list[Ref] = []   # Ref(False, i), made once: lowering reuses them
+_OUTPUT_REFS: list[Ref] = []  # Ref(True, i)
+
+
+def _refs(cache: list[Ref], output: bool, n: int) -> list[Ref]:
+    while len(cache) < n:
+        cache.append(Ref(output, len(cache)))
+    return cache
 
 
 @dataclass(slots=True)
 class Lowered:
-    """A lowered cut. `inputs[i]` is ("weight", handle), ("handle", handle) or ("inline", tensor)."""
+    """A lowered cut. `inputs[i]` is ("weight", handle), ("handle", handle) or ("inline", tensor);
+    `ops[i]` is node i's OpOverload (the key holds `id(op)`: hashing an OpOverload runs Python)."""
 
     key: tuple
     ints: list[int]
     inputs: list[tuple[str, object]]
-    value_ids: dict[int, int]  # id(Value) -> graph value id
+    value_ids: dict[int, int]  # id(Value) -> wire value id
     num_inputs: int
+    ops: list
 
 
 def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
-    """Lowers `nodes` (program order). `extra_inputs` are resident values to add as inputs
-    (values the caller wants returned that no node reads)."""
-    value_ids: dict[int, int] = {}
+    """Lowers `nodes` (program order) in one walk. `extra_inputs` are resident values to add
+    as inputs (values the caller wants returned that no node reads). Raises the value's error
+    for a lost input, RuntimeError for a value that is neither pending nor resident."""
+    input_ids: dict[int, int] = {}   # id(Value or Constant) -> input index
+    output_ids: dict[int, int] = {}  # id(Value) -> index among produced values
     inputs: list[tuple[str, object]] = []
     input_keys: list[tuple] = []
-    produced: set[int] = set()
+    ints: list[int] = []
+    in_refs, out_refs = _INPUT_REFS, _OUTPUT_REFS
 
-    def add_input(a) -> None:
-        if type(a) is Value:
-            if id(a) in value_ids or id(a) in produced:
-                return
+    def add_input(a) -> Ref:
+        k = id(a)
+        i = input_ids.get(k)
+        if i is not None:
+            return in_refs[i]
+        if type(a) is Constant:
+            inputs.append(("inline", a.tensor))
+            input_keys.append(("inline", a.tensor.dtype))
+        else:
             if a.error is not None:
                 raise a.error
             if a.handle is None:
                 raise RuntimeError(f"value {a!r} is neither pending nor resident (lost)")
-            kind = "weight" if a.residency == 1 else "handle"
-            value_ids[id(a)] = len(inputs)
-            inputs.append((kind, a.handle))
-            input_keys.append((kind, a.handle) if kind == "weight" else (kind, a.dtype))
-        elif type(a) is Constant:
-            if id(a) in value_ids:
-                return
-            value_ids[id(a)] = len(inputs)
-            inputs.append(("inline", a.tensor))
-            input_keys.append(("inline", a.tensor.dtype))
-        elif type(a) in (list, tuple):
-            for x in a:
-                add_input(x)
-
-    for v in extra_inputs:
-        add_input(v)
-    for node in nodes:
-        for a in node.args:
-            add_input(a)
-        for a in node.kwargs.values():
-            add_input(a)
-        for o in node.outputs:
-            produced.add(id(o))
-
-    next_id = len(inputs)
-    ints: list[int] = []
-    entries = []
+            if a.residency == 1:
+                inputs.append(("weight", a.handle))
+                input_keys.append(("weight", a.handle))
+            else:
+                inputs.append(("handle", a.handle))
+                input_keys.append(("handle", a.dtype))
+        i = input_ids[k] = len(inputs) - 1
+        if i >= len(in_refs):
+            _refs(in_refs, False, 2 * i + 16)
+        return in_refs[i]
 
     def enc(a, in_float_list: bool = False):
         t = type(a)
-        if t is Value or t is Constant:
-            return Ref(value_ids[id(a)])
-        if t is int and not in_float_list:
+        if t is Value:
+            j = output_ids.get(id(a))
+            return out_refs[j] if j is not None else add_input(a)
+        if t is int:
+            if in_float_list:
+                return a
             ints.append(a)
             return INT
-        if t in (list, tuple):
-            has_float = any(type(x) is float for x in a)
-            return tuple(enc(x, has_float) for x in a)
+        if t is list or t is tuple:
+            has_float = False
+            for x in a:
+                if type(x) is float:
+                    has_float = True
+                    break
+            return tuple([enc(x, has_float) for x in a])
+        if t is Constant:
+            return add_input(a)
         if t is torch.device:
-            return torch.device(a.type)
+            return torch.device(a.type)  # the node rewrites it to its own device
         return a
 
+    for v in extra_inputs:
+        add_input(v)
+    entries = []
+    ops = []
+    produced = 0
     for node in nodes:
-        args = tuple(enc(a) for a in node.args)
-        kwargs = tuple((k, enc(v)) for k, v in node.kwargs.items())
-        entries.append((node.op, args, kwargs, node.num_outputs))
+        args = tuple([enc(a) for a in node.args])
+        kwargs = tuple([(k, enc(v)) for k, v in node.kwargs.items()]) if node.kwargs else ()
+        entries.append((id(node.op), args, kwargs, node.num_outputs))
+        ops.append(node.op)
         for o in node.outputs:
-            value_ids[id(o)] = next_id
-            next_id += 1
+            output_ids[id(o)] = produced
+            produced += 1
+        if produced > len(out_refs):
+            _refs(out_refs, True, 2 * produced + 64)
+    n = len(inputs)
+    value_ids = {k: i + n for k, i in output_ids.items()}
+    value_ids.update(input_ids)
     key = (tuple(input_keys), tuple(entries))
-    return Lowered(key, ints, inputs, value_ids, len(inputs))
+    return Lowered(key, ints, inputs, value_ids, n, ops)
 
 
 @dataclass
@@ -169,10 +195,12 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
     slot_of = {pos: slot for slot, pos in enumerate(sorted(lifted))}
     counter = iter(range(len(lowered.ints)))
 
+    n = lowered.num_inputs
+
     def conv(a):
         t = type(a)
         if t is Ref:
-            return _C.TensorRef(a.id)
+            return _C.TensorRef(n + a.index if a.output else a.index)
         if a is INT:
             pos = next(counter)
             slot = slot_of.get(pos)
@@ -182,7 +210,7 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
         return a
 
     nodes = []
-    for op, args, kwargs, num_outputs in lowered.key[1]:
+    for op, (_, args, kwargs, num_outputs) in zip(lowered.ops, lowered.key[1]):
         schema = op._schema
         encoded = [("", conv(a)) for a in args] + [(k, conv(v)) for k, v in kwargs]
         nodes.append((schema.name, schema.overload_name, encoded, num_outputs))

@@ -126,46 +126,57 @@ def meta_of(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Call:
-    """One call's arguments: the runtime they live on, and the shape-cache key built while
-    converting them to the node's form (`Value`s, `Constant`s)."""
+    """The slow path's state while converting one call's arguments: the runtime they live on,
+    a CPU tensor among them (a device error unless 0-dim), and the shape-cache key so far."""
 
     __slots__ = ("runtime", "cpu_tensor", "key")
 
-    def __init__(self, func) -> None:
-        self.runtime = None
+    def __init__(self, runtime, key: list) -> None:
+        self.runtime = runtime
         self.cpu_tensor: torch.Tensor | None = None
-        self.key: list = [func]
+        self.key = key
+
+
+def _mixed_devices(a, b) -> RuntimeError:
+    return RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{a.device} and {b.device}!")
 
 
 def _record_form(a, call: _Call):
-    """The node's form of one argument; appends its part of the shape-cache key."""
-    if isinstance(a, LazyTensor):
+    """The node's form of one argument; appends its part of the shape-cache key. Exact type
+    tests first: `isinstance(x, torch.Tensor)` goes through torch's metaclass and is slow."""
+    t = type(a)
+    if t in _PLAIN:
+        call.key.append(a)
+        return a
+    if t is float:
+        call.key.append(a if a == a else "nan")
+        return a
+    if t is list or t is tuple:
+        call.key.append(t)
+        out = t(_record_form(x, call) for x in a)
+        call.key.append(len(a))
+        return out
+    if t is LazyTensor:
         rt = a._runtime
         if call.runtime is None:
             call.runtime = rt
         elif call.runtime is not rt:
-            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{call.runtime.device} and {rt.device}!")
+            raise _mixed_devices(call.runtime, rt)
         call.key.append(a._desc)
         return rt.value_of(a)
+    if t is torch.device:
+        call.key.append(a.type)
+        return a
+    if t is torch.Generator:
+        return None  # random ops use the node's generator
     if isinstance(a, torch.Tensor):
         if a.dim() == 0 and a.device.type == "cpu":
             call.key.append(("cpu0", a.dtype))
             return Constant(a)
         call.cpu_tensor = a
         return a
-    t = type(a)
-    if t is list or t is tuple:
-        call.key.append(t)
-        out = t(_record_form(x, call) for x in a)
-        call.key.append(len(a))
-        return out
-    if t is torch.device:
-        call.key.append(a.type)
-        return a
-    if t is torch.Generator:
-        return None  # random ops use the node's generator
-    call.key.append(a if t is not float or a == a else "nan")
+    call.key.append(a)
     return a
 
 
@@ -186,35 +197,50 @@ def _meta_form(a):
 
 
 def _prepare(func, args: tuple, kwargs: dict):
-    call = _Call(func)
-    key = call.key
+    """(runtime, node args, node kwargs, shape-cache key) of one call: LazyTensors become their
+    `Value`s, 0-dim CPU tensors `Constant`s. The key is (id(func), then per argument its
+    descriptor or value); `id` because hashing an OpOverload runs Python code. Raises
+    PyTorch's device-mismatch error for tensors of two devices or a non-scalar CPU tensor."""
+    runtime = None
+    call = None
+    key = [id(func)]
     rec = []
     for a in args:
-        if type(a) is LazyTensor:  # the common case, inlined
+        t = type(a)
+        if t is LazyTensor:  # the common case, inlined
             rt = a._runtime
-            if call.runtime is not rt:
-                if call.runtime is not None:
-                    raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
-                                       f"devices, {call.runtime.device} and {rt.device}!")
-                call.runtime = rt
+            if runtime is not rt:
+                if runtime is not None:
+                    raise _mixed_devices(runtime, rt)
+                runtime = rt
             key.append(a._desc)
             v = a._cell.value
             if v.error is not None:
                 raise v.error
             rec.append(v)
-        elif type(a) in _PLAIN:
+        elif t in _PLAIN:
             key.append(a)
             rec.append(a)
         else:
+            if call is None:
+                call = _Call(runtime, key)
+            else:
+                call.runtime = runtime
             rec.append(_record_form(a, call))
-    rec_args = tuple(rec)
+            runtime = call.runtime
     rec_kwargs = {}
-    for k, a in kwargs.items():
-        key.append(k)
-        rec_kwargs[k] = _record_form(a, call)
-    if call.cpu_tensor is not None and call.runtime is not None:
-        raise _device_error(call.runtime, call.cpu_tensor)
-    return call, rec_args, rec_kwargs
+    if kwargs:
+        if call is None:
+            call = _Call(runtime, key)
+        else:
+            call.runtime = runtime
+        for k, a in kwargs.items():
+            key.append(k)
+            rec_kwargs[k] = _record_form(a, call)
+        runtime = call.runtime
+    if call is not None and call.cpu_tensor is not None and runtime is not None:
+        raise _device_error(runtime, call.cpu_tensor)
+    return runtime, tuple(rec), rec_kwargs, tuple(key)
 
 
 def _structure(out):
@@ -278,30 +304,85 @@ def _needs_remote_shape(error: Exception) -> bool:
 
 
 def dispatch(func, args: tuple, kwargs: dict):
-    special = _SPECIAL.get(func)
+    special = _SPECIAL.get(id(func))
     if special is not None:
         return special(func, args, kwargs)
     return record_op(func, args, kwargs)
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How to record one shape-cache key: the op's schema facts, the result's structure and
+    flat output descriptors, and for the common case of one output that is new or a view of a
+    positional argument, `single` = (desc, contiguous, view_of: positional index or -1)."""
+
+    info: OpInfo
+    structure: Any
+    descs: list
+    single: tuple | None
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan_for(func, info: OpInfo, structure, descs: list) -> _Plan:
+    single = None
+    if structure == "T" and not info.writes and not info.list_return:
+        kind, where = info.returns[0] if info.returns else ("new", None)
+        desc = descs[0]
+        if kind == "new" or (kind == "view" and isinstance(where, int)):
+            single = (desc, _is_contiguous(desc), where if kind == "view" else -1)
+    return _Plan(info, structure, descs, single)
+
+
+def _is_contiguous(desc: tuple) -> bool:
+    """True when `desc` has exactly the strides PyTorch gives a new tensor of its shape (then
+    the wrapper can be made without strides, which is faster) and offset 0."""
+    shape, strides, offset, _ = desc
+    return offset == 0 and tuple(strides) == _contiguous_strides(shape)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, expected = [], 1
+    for n in reversed(shape):
+        strides.append(expected)
+        expected *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def record_op(func, args: tuple, kwargs: dict):
     """Records `func` (no special handling): the generic path of `dispatch`."""
-    call, rec_args, rec_kwargs = _prepare(func, args, kwargs)
-    runtime = call.runtime
+    runtime, rec_args, rec_kwargs, key = _prepare(func, args, kwargs)
     if runtime is None:
         raise RuntimeError(f"{op_name(func)}: no remote_accelerator tensor among its arguments")
-    info = op_info(func)
-    if not info.tensor_returns:
-        return runtime.run_scalar_op(func, rec_args, rec_kwargs)
-    try:
-        structure, descs = infer_shapes(func, args, kwargs, tuple(call.key))
-    except Exception as error:  # noqa: BLE001 - classified below
-        if not _needs_remote_shape(error):
-            raise type(error)(f"{op_name(func)}: {error}") from error
-        return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
+    plan = _plans.get(key)
+    if plan is None:
+        info = op_info(func)
+        if not info.tensor_returns:
+            return runtime.run_scalar_op(func, rec_args, rec_kwargs)
+        try:
+            structure, descs = infer_shapes(func, args, kwargs, key)
+        except Exception as error:  # noqa: BLE001 - classified below
+            if not _needs_remote_shape(error):
+                raise type(error)(f"{op_name(func)}: {error}") from error
+            return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
+        if len(_plans) >= _SHAPE_CACHE_MAX:
+            _plans.clear()
+        plan = _plans[key] = _plan_for(func, info, structure, descs)
+    single = plan.single
+    if single is not None:  # the common case: one new tensor or one view, nothing written
+        node = Node(func, rec_args, rec_kwargs, 1)
+        runtime.record(node)
+        desc, contiguous, view_of = single
+        storage = args[view_of]._cell.value.storage if view_of >= 0 and type(args[view_of]) is LazyTensor \
+            else Storage()
+        value = Value(node, 0, storage, desc[3])
+        node.outputs = (value,)
+        return LazyTensor._make(desc, contiguous, value, runtime)
+    info, descs = plan.info, plan.descs
     node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(descs))
     wrapped = _wrap_outputs(runtime, node, info, args, kwargs, descs)
-    return wrapped[0] if structure == "T" else _rebuild(structure, wrapped)
+    return wrapped[0] if plan.structure == "T" else _rebuild(plan.structure, wrapped)
 
 
 def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> tuple[Storage, ...]:
@@ -448,9 +529,9 @@ def record_factory(func, args, kwargs):
     """A factory op on the remote device (`aten::empty.memory_format`, ...): a pending value."""
     from .runtime import runtime_for
     runtime = runtime_for(torch.device(kwargs.get("device") or "remote_accelerator"))
-    call, rec_args, rec_kwargs = _prepare(func, args, kwargs)
+    _, rec_args, rec_kwargs, key = _prepare(func, args, kwargs)
     meta_kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
-    _, descs = infer_shapes(func, args, meta_kwargs, tuple(call.key))
+    _, descs = infer_shapes(func, args, meta_kwargs, key)
     node = Node(func, rec_args, rec_kwargs, 1)
     runtime.record(node)
     return _wrap_outputs(runtime, node, op_info(func), args, kwargs, descs)[0]
@@ -467,7 +548,7 @@ def _special_table():
         aten.alias.default: _same_value_view,
         aten.lift_fresh.default: _same_value_view,
     }
-    return table
+    return {id(op): handler for op, handler in table.items()}  # by id: hashing an OpOverload runs Python
 
 
 _SPECIAL = _special_table()

@@ -63,6 +63,7 @@ class Runtime:
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
         self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
+        self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
 
     # ---- connection ---------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class Runtime:
 
     def track(self, tensor, cell) -> None:
         """Watches a new LazyTensor: when it dies, its value is queued as dead (`dead`)."""
-        ref = _TensorRef(tensor, self._on_tensor_dead)
+        ref = _TensorRef(tensor, self._dead_callback)
         ref.cell = cell
         # Keyed by the weakref's id: hashing a weakref hashes the tensor, and comparing two
         # would call Tensor.__eq__ (a recorded op).
@@ -279,11 +280,22 @@ class Runtime:
         return frees
 
     def _live_nodes(self, wanted: set[int]) -> list[Node]:
+        """The pending nodes a read of `wanted` (ids of Values) or a live tensor needs, in
+        program order: a node is kept when a live tensor holds one of its outputs, one of its
+        outputs is wanted or needed by a kept node, or it writes a storage a live tensor aliases."""
         needed = set(wanted)
         keep = []
         for node in reversed(self.pending):
-            need = any(o.tensors > 0 or id(o) in needed for o in node.outputs) or any(
-                s.live > 0 for s in node.writes)
+            need = False
+            for o in node.outputs:
+                if o.tensors > 0 or id(o) in needed:
+                    need = True
+                    break
+            if not need:
+                for st in node.writes:
+                    if st.live > 0:
+                        need = True
+                        break
             if need:
                 keep.append(node)
                 for v in node.inputs():

@@ -265,15 +265,17 @@ def _flat_descs(out, descs: list) -> list:
 
 def _rebuild(structure, wrapped):
     """`structure` filled, in order, with `wrapped`."""
-    it = iter(wrapped)
+    return _fill(structure, iter(wrapped))
 
-    def rec(s):
-        if s == "T" or s is None:
-            return next(it)
-        kind, children = s
-        return kind(rec(c) for c in children)
 
-    return rec(structure)
+def _fill(s, it):
+    # Module-level, not a nested recursive closure: such a closure is a reference cycle that
+    # would keep the op's outputs (LazyTensors) alive until the cyclic GC runs, and a live
+    # tensor's value is kept resident on the node.
+    if s == "T" or s is None:
+        return next(it)
+    kind, children = s
+    return kind(_fill(c, it) for c in children)
 
 
 _shape_cache: dict[tuple, tuple] = {}

@@ -159,6 +159,26 @@ def test_dead_tensors_are_freed_on_the_node():
     assert total(after) <= total(before)
 
 
+def test_dropped_outputs_of_multi_output_ops_die_without_the_cyclic_gc():
+    """A tensor the program dropped must not be kept resident: recording must not put an op's
+    outputs in a reference cycle (only the cyclic GC would free them)."""
+    import gc
+
+    runtime = genie.runtime.runtime_for(torch.device(DEV))
+    x = torch.randn(4, 8, device=DEV)
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(runtime._refs)
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)
+        first, second = torch.split(x, 4, dim=1)
+        assert len(runtime._refs) == before + 5
+        del out, mean, rstd, first, second
+        assert len(runtime._refs) == before
+    finally:
+        gc.enable()
+
+
 def test_capture_is_bounded(monkeypatch):
     runtime = genie.runtime.runtime_for(torch.device(DEV))
     monkeypatch.setattr(runtime, "max_pending", 50)

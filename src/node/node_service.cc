@@ -375,11 +375,13 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
 void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
                           uint64_t exec_us, std::span<const wire::TensorSlotArgs> described) {
   // Returned tensors travel contiguous, one payload: zero-copy for a single contiguous tensor.
+  // The bytes are the logical values: a conjugate or negative view (fft.ifft's output has the
+  // conj bit) is resolved first, since the wire has no such bits.
   std::vector<wire::TensorSlotArgs> slots;
   std::vector<at::Tensor> contiguous;
   wire::PayloadLayout layout;
   for (const auto& [handle, tensor] : out) {
-    at::Tensor t = tensor.defined() ? tensor.contiguous() : tensor;
+    at::Tensor t = tensor.defined() ? tensor.resolve_conj().resolve_neg().contiguous() : tensor;
     wire::TensorSlotArgs slot;
     slot.handle = handle;
     slot.desc.dtype = t.defined() ? Executor::wireDType(t.scalar_type()) : wire::DType::Float32;

@@ -65,3 +65,16 @@ def test_module_to_keeps_parameters_resident():
     with torch.no_grad():
         got = remote(x.to(DEV)).cpu()
     torch.testing.assert_close(got, expected.detach())
+
+
+def test_first_device_use_freezes_the_gc_heap():
+    """Objects alive at the first device use (torch, the model) are moved out of the GC's
+    full collections (runtime._freeze_gc_once), unless GENIE_GC_FREEZE=0."""
+    import gc
+    import os
+
+    torch.ones(1, device="remote_accelerator:0").cpu()
+    if os.environ.get("GENIE_GC_FREEZE", "1") == "0":
+        assert gc.get_freeze_count() == 0
+    else:
+        assert gc.get_freeze_count() > 10_000

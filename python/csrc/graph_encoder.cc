@@ -148,7 +148,7 @@ class Encoder {
     }
     if (ints + slots == n) {
       // The executor takes element i from scalar input scalar_slots[i] when it is >= 0
-      // (v[i] is then a placeholder 0); no ScalarSlot: scalar_slots is left empty.
+      // (v[i] is then 0 and unused); with no ScalarSlot, scalar_slots is left empty.
       std::vector<int64_t> values;
       std::vector<int32_t> slot_of;
       for (py::handle item : items) {

@@ -33,17 +33,6 @@ class Cell:
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _attach(r: "LazyTensor", desc: tuple, value: Value, runtime) -> "LazyTensor":
-    r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
-    cell = Cell(value)
-    r._cell = cell
-    r._runtime = runtime
-    value.tensors += 1
-    value.storage.live += 1
-    runtime.track(r, cell)
-    return r
-
-
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
@@ -55,9 +44,7 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, desc: tuple, value: Value, runtime) -> "LazyTensor":
-        shape, strides, offset, dtype = desc
-        r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
-        return _attach(r, desc, value, runtime)
+        return cls._make(desc, False, value, runtime)
 
     @classmethod
     def _make(cls, desc: tuple, contiguous: bool, value: Value, runtime) -> "LazyTensor":
@@ -68,7 +55,14 @@ class LazyTensor(torch.Tensor):
             r = _make_wrapper(cls, shape, dtype=dtype, device=runtime.device)
         else:
             r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
-        return _attach(r, desc, value, runtime)
+        r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
+        cell = Cell(value)
+        r._cell = cell
+        r._runtime = runtime
+        value.tensors += 1
+        value.storage.live += 1
+        runtime.track(r, cell)
+        return r
 
     # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
     __torch_function__ = torch._C._disabled_torch_function_impl

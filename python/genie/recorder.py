@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from .graph import Constant, Node, Storage, Value, op_name
 from .lazy import LazyTensor
@@ -102,7 +103,8 @@ def _arg(args: tuple, kwargs: dict, where: int | str):
     return kwargs.get(where)
 
 
-def _device_error(runtime, other: torch.Tensor) -> RuntimeError:
+def _device_error(runtime, other) -> RuntimeError:
+    """PyTorch's device-mismatch error; `runtime` and `other` are anything with a `.device`."""
     return RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                         f"{runtime.device} and {other.device}!")
 
@@ -137,11 +139,6 @@ class _Call:
         self.key = key
 
 
-def _mixed_devices(a, b) -> RuntimeError:
-    return RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
-                        f"{a.device} and {b.device}!")
-
-
 def _record_form(a, call: _Call):
     """The node's form of one argument; appends its part of the shape-cache key. Exact type
     tests first: `isinstance(x, torch.Tensor)` goes through torch's metaclass and is slow."""
@@ -162,7 +159,7 @@ def _record_form(a, call: _Call):
         if call.runtime is None:
             call.runtime = rt
         elif call.runtime is not rt:
-            raise _mixed_devices(call.runtime, rt)
+            raise _device_error(call.runtime, rt)
         call.key.append(a._desc)
         return rt.value_of(a)
     if t is torch.device:
@@ -202,44 +199,40 @@ def _prepare(func, args: tuple, kwargs: dict):
     descriptor or value); `id` because hashing an OpOverload runs Python code. Raises
     PyTorch's device-mismatch error for tensors of two devices or a non-scalar CPU tensor."""
     runtime = None
-    call = None
+    call = None  # made at the first argument the fast cases do not cover; then it takes them all
     key = [id(func)]
     rec = []
     for a in args:
         t = type(a)
-        if t is LazyTensor:  # the common case, inlined
+        if call is None and t is LazyTensor:  # the common case, inlined
             rt = a._runtime
             if runtime is not rt:
                 if runtime is not None:
-                    raise _mixed_devices(runtime, rt)
+                    raise _device_error(runtime, rt)
                 runtime = rt
             key.append(a._desc)
             v = a._cell.value
             if v.error is not None:
                 raise v.error
             rec.append(v)
-        elif t in _PLAIN:
+        elif call is None and t in _PLAIN:
             key.append(a)
             rec.append(a)
         else:
             if call is None:
                 call = _Call(runtime, key)
-            else:
-                call.runtime = runtime
             rec.append(_record_form(a, call))
-            runtime = call.runtime
     rec_kwargs = {}
     if kwargs:
         if call is None:
             call = _Call(runtime, key)
-        else:
-            call.runtime = runtime
         for k, a in kwargs.items():
             key.append(k)
             rec_kwargs[k] = _record_form(a, call)
+    if call is not None:
         runtime = call.runtime
-    if call is not None and call.cpu_tensor is not None and runtime is not None:
-        raise _device_error(runtime, call.cpu_tensor)
+        if call.cpu_tensor is not None and runtime is not None:
+            raise _device_error(runtime, call.cpu_tensor)
     return runtime, tuple(rec), rec_kwargs, tuple(key)
 
 
@@ -289,12 +282,17 @@ def infer_shapes(func, args: tuple, kwargs: dict, key: tuple):
     hit = _shape_cache.get(key)
     if hit is not None:
         return hit
-    meta_out = func(*(_meta_form(a) for a in args), **{k: _meta_form(v) for k, v in kwargs.items()})
-    result = (_structure(meta_out), _flat_descs(meta_out, []))
+    result = _infer_shapes(func, args, kwargs)
     if len(_shape_cache) >= _SHAPE_CACHE_MAX:
         _shape_cache.clear()
     _shape_cache[key] = result
     return result
+
+
+def _infer_shapes(func, args: tuple, kwargs: dict):
+    """`infer_shapes` without the cache (record_op caches its plans instead)."""
+    meta_out = func(*(_meta_form(a) for a in args), **{k: _meta_form(v) for k, v in kwargs.items()})
+    return _structure(meta_out), _flat_descs(meta_out, [])
 
 
 def _needs_remote_shape(error: Exception) -> bool:
@@ -327,7 +325,7 @@ class _Plan:
 _plans: dict[tuple, _Plan] = {}
 
 
-def _plan_for(func, info: OpInfo, structure, descs: list) -> _Plan:
+def _plan_for(info: OpInfo, structure, descs: list) -> _Plan:
     single = None
     if structure == "T" and not info.writes and not info.list_return:
         kind, where = info.returns[0] if info.returns else ("new", None)
@@ -341,15 +339,7 @@ def _is_contiguous(desc: tuple) -> bool:
     """True when `desc` has exactly the strides PyTorch gives a new tensor of its shape (then
     the wrapper can be made without strides, which is faster) and offset 0."""
     shape, strides, offset, _ = desc
-    return offset == 0 and tuple(strides) == _contiguous_strides(shape)
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, expected = [], 1
-    for n in reversed(shape):
-        strides.append(expected)
-        expected *= max(n, 1)
-    return tuple(reversed(strides))
+    return offset == 0 and tuple(strides) == tuple(make_contiguous_strides_for(shape))
 
 
 def record_op(func, args: tuple, kwargs: dict):
@@ -363,14 +353,14 @@ def record_op(func, args: tuple, kwargs: dict):
         if not info.tensor_returns:
             return runtime.run_scalar_op(func, rec_args, rec_kwargs)
         try:
-            structure, descs = infer_shapes(func, args, kwargs, key)
+            structure, descs = _infer_shapes(func, args, kwargs)
         except Exception as error:  # noqa: BLE001 - classified below
             if not _needs_remote_shape(error):
                 raise type(error)(f"{op_name(func)}: {error}") from error
             return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
         if len(_plans) >= _SHAPE_CACHE_MAX:
             _plans.clear()
-        plan = _plans[key] = _plan_for(func, info, structure, descs)
+        plan = _plans[key] = _plan_for(info, structure, descs)
     single = plan.single
     if single is not None:  # the common case: one new tensor or one view, nothing written
         node = Node(func, rec_args, rec_kwargs, 1)

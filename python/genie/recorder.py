@@ -31,6 +31,7 @@ from torch._prims_common import make_contiguous_strides_for
 
 from .graph import Constant, Node, Storage, Value, op_name
 from .lazy import LazyTensor
+from .shape_rules import RULES as _SHAPE_RULES
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -290,7 +291,18 @@ def infer_shapes(func, args: tuple, kwargs: dict, key: tuple):
 
 
 def _infer_shapes(func, args: tuple, kwargs: dict):
-    """`infer_shapes` without the cache (record_op caches its plans instead)."""
+    """`infer_shapes` without the cache (record_op caches its plans instead). A shape rule
+    (`genie.shape_rules`) answers first where the op has one that covers these arguments."""
+    rule = _SHAPE_RULES.get(id(func))
+    if rule is not None:
+        result = rule(args, kwargs)
+        if result is not None:
+            return result
+    return meta_shapes(func, args, kwargs)
+
+
+def meta_shapes(func, args: tuple, kwargs: dict):
+    """(structure, flat descs) of `func`'s outputs from its meta kernel. Raises what it raises."""
     meta_out = func(*(_meta_form(a) for a in args), **{k: _meta_form(v) for k, v in kwargs.items()})
     return _structure(meta_out), _flat_descs(meta_out, [])
 

@@ -46,12 +46,16 @@ class OpInfo:
     `returns[i]` is ("new", None), ("view", arg) or ("write", arg) where arg is the positional
     index (int) or keyword name (str) of the argument the output aliases. `writes` are the
     arguments the op mutates. `tensor_returns` is False when the op returns Python scalars.
+    `python_impl` is set for a Python custom op (`torch.library.custom_op`): genie-node runs
+    C++ kernels only, so its Python implementation runs on the LazyTensors instead and the
+    aten ops it calls are recorded (see `_python_impl`).
     """
 
     returns: tuple[tuple[str, int | str | None], ...]
     writes: tuple[int | str, ...]
     tensor_returns: bool
     list_return: bool
+    python_impl: Any = None
 
 
 _op_infos: dict[Any, OpInfo] = {}
@@ -93,9 +97,34 @@ def op_info(func) -> OpInfo:
             continue
         arg = alias_to_arg.get(next(iter(alias.before_set)))
         returns.append(("write" if alias.is_write else "view", arg))
-    info = OpInfo(tuple(returns), tuple(writes), tensor_returns, list_return)
+    info = OpInfo(tuple(returns), tuple(writes), tensor_returns, list_return, _python_impl(func))
     _op_infos[func] = info
     return info
+
+
+def _python_impl(func):
+    """The device-agnostic Python implementation of a `torch.library.custom_op`, or None for
+    any other op. A custom op with only device-specific kernels (`device_types="cpu"`) gets a
+    function that raises NotImplementedError naming the op and the devices it supports."""
+    if func._schema.name.split("::", 1)[0] in ("aten", "prims"):
+        return None
+    try:
+        from torch._library.custom_ops import _maybe_get_opdef
+        opdef = _maybe_get_opdef(func)
+        kernels = dict(opdef._backend_fns) if opdef is not None else {}
+    except (ImportError, AttributeError):  # a torch without Python custom ops: record as usual
+        return None
+    if opdef is None:
+        return None  # a C++ operator: the node runs it if it has it registered
+    if None in kernels:
+        return kernels[None]
+    devices = ", ".join(sorted(str(d) for d in kernels)) or "none"
+
+    def unsupported(*args, **kwargs):
+        raise NotImplementedError(f"{op_name(func)} is a Python custom op with kernels for {devices} only; "
+                                  f"register one for remote_accelerator or a device-agnostic one "
+                                  f"(torch.library.custom_op without device_types)")
+    return unsupported
 
 
 def _arg(args: tuple, kwargs: dict, where: int | str):
@@ -362,6 +391,8 @@ def record_op(func, args: tuple, kwargs: dict):
     plan = _plans.get(key)
     if plan is None:
         info = op_info(func)
+        if info.python_impl is not None:  # never planned: every call comes here
+            return info.python_impl(*args, **kwargs)
         if not info.tensor_returns:
             return runtime.run_scalar_op(func, rec_args, rec_kwargs)
         try:

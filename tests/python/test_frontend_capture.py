@@ -187,3 +187,29 @@ def test_capture_is_bounded(monkeypatch):
         x = x + 1
         assert len(runtime.pending) <= 50
     assert x.tolist() == [500.0] * 4
+
+
+@torch.library.custom_op("genie_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.tanh(x) * scale
+
+
+@scaled_tanh.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("genie_test::cpu_only", mutates_args=(), device_types="cpu")
+def cpu_only(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_python_custom_ops_run_their_implementation_on_lazy_tensors():
+    # genie-node runs C++ kernels only: a torch.library.custom_op's Python implementation runs
+    # on the LazyTensors and the aten ops it calls are recorded.
+    x = torch.randn(5, 3)
+    y = scaled_tanh(x.to(DEV), 2.5)
+    assert isinstance(y, LazyTensor) and y.operation == "aten::mul.Tensor"
+    torch.testing.assert_close(y.cpu(), scaled_tanh(x, 2.5))
+    with pytest.raises(NotImplementedError, match="genie_test::cpu_only.*kernels for cpu only"):
+        cpu_only(x.to(DEV))

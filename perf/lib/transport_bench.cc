@@ -122,7 +122,7 @@ struct BenchServer::State {
   uint64_t stream_end_request = 0, stream_end_messages = 0;
   uint64_t rejected = 0;
 
-  void onMessage(InboundMessage message);
+  void onMessage(InboundMessage&& message);
   void reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload = {}) {
     sendOrLog(to, bytesOf(header), payload);
   }
@@ -139,7 +139,7 @@ struct BenchServer::State {
 
 BenchServer::BenchServer(std::shared_ptr<Worker> worker) : state_(std::make_unique<State>()) {
   state_->worker = std::move(worker);
-  state_->worker->setMessageHandler([state = state_.get()](InboundMessage message) { state->onMessage(std::move(message)); });
+  state_->worker->setMessageHandler([state = state_.get()](InboundMessage&& message) { state->onMessage(std::move(message)); });
   state_->worker->setEndpointErrorHandler([state = state_.get()](std::shared_ptr<Endpoint> endpoint, Status) {
     auto& clients = state->clients;
     clients.erase(std::remove(clients.begin(), clients.end(), endpoint), clients.end());
@@ -175,7 +175,7 @@ Status BenchServer::serve(const std::atomic<bool>* stop, bool once) {
   return Status::ok();
 }
 
-void BenchServer::State::onMessage(InboundMessage message) {
+void BenchServer::State::onMessage(InboundMessage&& message) {
   std::shared_ptr<Endpoint> from = message.endpoint();
   auto verified = wire::verifyMessage(message.header(), message.payloadSize());
   if (!verified) {
@@ -289,7 +289,7 @@ struct ClientState {
   std::optional<uint64_t> report_elapsed_ns;
   uint64_t report_bytes = 0;
 
-  void onMessage(InboundMessage message) {
+  void onMessage(InboundMessage&& message) {
     auto verified = wire::verifyMessage(message.header(), message.payloadSize());
     if (!verified) {
       error = Status(StatusCode::kInvalidMessage, "reply failed verification: " + verified.status().message());
@@ -471,7 +471,7 @@ Result<BenchResult> runTensor(ClientState& client, Endpoint& endpoint, BenchTest
 
 Result<std::vector<BenchResult>> runBenchClient(Worker& worker, Endpoint& endpoint, const BenchOptions& options) {
   ClientState client{worker, {}, 0, Status::ok(), std::nullopt, 0};
-  worker.setMessageHandler([&client](InboundMessage message) { client.onMessage(std::move(message)); });
+  worker.setMessageHandler([&client](InboundMessage&& message) { client.onMessage(std::move(message)); });
   std::vector<BenchResult> results;
   for (BenchTest test : options.tests) {
     std::vector<size_t> sizes = test == BenchTest::kRate ? std::vector<size_t>{0} : options.sizes;

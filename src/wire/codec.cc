@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 namespace genie::wire {
@@ -522,8 +523,15 @@ Status checkBody(const Message& msg, const std::byte* header, size_t payload_byt
   if (!inEnum(type)) {
     return GENIE_INVALID(Path("Message.body"), "type {} is not a known Body", enumValue(type));
   }
+  if (!msg.body()) return GENIE_INVALID(Path(bodyName(type)), "missing body table");
+  switch (type) {
+    case Body::BenchData:
+    case Body::Ping:
+    case Body::Pong:
+      return Status::ok();  // the payload is opaque bytes (genie-bench; Pong echoes Ping's size)
+    default: break;
+  }
   const Path p(bodyName(type));
-  if (!msg.body()) return GENIE_INVALID(p, "missing body table");
   switch (type) {
     case Body::PutTensors:
       return checkTensorSlots(msg.body_as_PutTensors()->tensors(), p, "tensors",
@@ -533,10 +541,6 @@ Status checkBody(const Message& msg, const std::byte* header, size_t payload_byt
                               HandleRule::kRequired, payload_bytes);
     case Body::RunResult: return checkRunResult(*msg.body_as_RunResult(), p, payload_bytes);
     case Body::RunGraph: return checkRunGraph(*msg.body_as_RunGraph(), p, payload_bytes);
-    case Body::BenchData:
-    case Body::Ping:
-    case Body::Pong:
-      return Status::ok();  // the payload is opaque bytes (genie-bench; Pong echoes Ping's size)
     default: break;
   }
   GENIE_RETURN_IF_ERROR(checkNoPayload(p, payload_bytes));
@@ -576,7 +580,8 @@ size_t dtypeSize(DType dtype) {
     case DType::UInt16: return 2;
     case DType::Float32:
     case DType::Int32:
-    case DType::UInt32: return 4;
+    case DType::UInt32:
+    case DType::ComplexHalf: return 4;
     case DType::Float64:
     case DType::Int64:
     case DType::UInt64:
@@ -698,12 +703,15 @@ Result<const Message*> verifyMessage(std::span<const std::byte> header, size_t p
                        payload_bytes, limits.max_payload_bytes);
   }
   const auto* buf = reinterpret_cast<const uint8_t*>(header.data());
-  if (!flatbuffers::BufferHasIdentifier(buf, MessageIdentifier())) {
+  // Bytes 4..7; memcmp of a constant length compiles to one compare (strncmp is a call).
+  static_assert(kFileIdentifier.size() == flatbuffers::kFileIdentifierLength);
+  if (std::memcmp(buf + sizeof(flatbuffers::uoffset_t), kFileIdentifier.data(), kFileIdentifier.size()) != 0) {
     return GENIE_ERROR(kInvalidMessage, "Message: file identifier is \"{}\", expected \"{}\"",
                        printableIdentifier(buf + sizeof(flatbuffers::uoffset_t)), kFileIdentifier);
   }
   flatbuffers::Verifier verifier(buf, header.size(), verifierOptions(limits));
-  if (!verifier.VerifyBuffer<Message>(MessageIdentifier())) {
+  // The identifier was checked just above; nullptr skips FlatBuffers' second comparison.
+  if (!verifier.VerifyBuffer<Message>(nullptr)) {
     return GENIE_ERROR(kInvalidMessage,
                        "Message: failed FlatBuffers verification ({} bytes; bad offset, size or "
                        "alignment, nesting over {} or more than {} tables)",

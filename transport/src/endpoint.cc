@@ -30,6 +30,9 @@ struct Operation {
 };
 
 constexpr size_t kPoolLimit = 1024;
+/// Payloads up to this size try the immediate send first (bytes); larger ones cannot complete
+/// at once on any transport (UCX's short-message limits are a few KiB at most).
+constexpr size_t kSendNowMaxBytes = 8192;
 constexpr size_t kKeepCapacity = 4096;  // bytes of header kept by a pooled operation
 
 /// Operations kept for reuse by one thread; freed when the thread ends.
@@ -45,7 +48,7 @@ std::vector<Operation*>& operationPool() {
   return pool.free;
 }
 
-Operation* newOperation(Callback done, const char* verb, const std::shared_ptr<EndpointState>& state) {
+Operation* newOperation(Callback&& done, const char* verb, const std::shared_ptr<EndpointState>& state) {
   auto& pool = operationPool();
   Operation* op;
   if (pool.empty()) {
@@ -65,8 +68,9 @@ void recycle(Operation* op) {
   op->state.reset();
   op->header.clear();
   if (op->header.capacity() > kKeepCapacity) op->header.shrink_to_fit();
-  op->data = {};
-  op->staged = {};
+  // Only large-header and staged CUDA sends use these; most operations skip the frees.
+  if (op->data.capacity() != 0) op->data = {};
+  if (op->staged.capacity() != 0) op->staged = {};
   op->large_header_length = 0;
   op->payload = {};
   op->worker = nullptr;
@@ -78,17 +82,22 @@ void recycle(Operation* op) {
   }
 }
 
+/// The Status an operation ended with; only errors build a message (naming the peer).
+Status operationStatus(const Operation& op, ucs_status_t status) {
+  if (status == UCS_OK) return Status::ok();
+  const EndpointState* state = op.state.get();
+  if (state == nullptr) return GENIE_UCX_STATUS(status, "{}", op.verb);
+  if (state->failed.load()) {
+    return GENIE_ERROR(kPeerUnreachable, "{} {} failed: {}", op.verb, state->peer, state->error.message());
+  }
+  return GENIE_UCX_STATUS(status, "{} {}", op.verb, state->peer);
+}
+
+/// Runs the operation's callback with its result. The operation goes back to the pool first,
+/// so that a callback which starts the next operation reuses it.
 void complete(Operation* op, ucs_status_t status) {
   Callback done = std::move(op->done);
-  Status result = Status::ok();
-  if (status != UCS_OK) {
-    const std::string& peer = op->state ? op->state->peer : std::string();
-    if (op->state && op->state->failed.load()) {
-      result = GENIE_ERROR(kPeerUnreachable, "{} {} failed: {}", op->verb, peer, op->state->error.message());
-    } else {
-      result = GENIE_UCX_STATUS(status, "{} {}", op->verb, peer);
-    }
-  }
+  Status result = operationStatus(*op, status);
   recycle(op);
   if (done) done(std::move(result));
 }
@@ -196,9 +205,40 @@ void issueSend(Worker& worker, Operation* op) {
 
 }  // namespace
 
-void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback done) {
-  if (Status usable = checkUsable(); !usable) {
-    done(usable);
+namespace {
+
+/// Sends a message that UCX can complete at once (a short active message: header and payload
+/// fit the transport's inline limit), from the caller's header, without an Operation, a header
+/// copy or a completion callback. Returns false where UCX would have to keep the request
+/// (larger messages, no send resources, an error): the caller then takes the general path,
+/// which reports errors. UCX keeps the order of sends on an endpoint either way.
+bool trySendNow(ucp_ep_h ep, std::span<const std::byte> header, ConstBuffer payload) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t request = ucp_am_send_nbx(ep, kAmMessage, header.data(), header.size(), payload.data,
+                                             payload.size, &param);
+  return request == nullptr;
+}
+
+}  // namespace
+
+void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback&& done) {
+  if (state_->failed.load() || state_->closed.load() || state_->ep == nullptr) {
+    done(checkUsable());
+    return;
+  }
+  const size_t max_header = worker_->info().max_am_header;
+  const bool header_fits = max_header == 0 || header.size() <= max_header;
+  // A small message goes out now if UCX can complete it at once: the common case of requests
+  // and replies, also inside an active-message callback (a reply to the message being
+  // handled). Not while sends deferred earlier in this progress round wait: it would
+  // overtake them.
+  if (header_fits && payload.memory == MemoryType::kHost && payload.size <= kSendNowMaxBytes &&
+      !worker_->hasDeferredFromProgressThread() && trySendNow(state_->ep, header, payload)) {
+    worker_->countSent(header.size() + payload.size);
+    if (done) done(Status::ok());
     return;
   }
   Operation* op = newOperation(std::move(done), "send to", state_);
@@ -217,8 +257,7 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
     payload = {op->staged.data(), payload.size, MemoryType::kHost};
   }
   worker_->countSent(header.size() + payload.size);
-  const size_t max_header = worker_->info().max_am_header;
-  if (max_header == 0 || header.size() <= max_header) {
+  if (header_fits) {
     op->header.assign(header.begin(), header.end());
     op->payload = payload;
   } else {
@@ -233,7 +272,8 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
     if (payload.size) std::memcpy(op->data.data() + header.size(), payload.data, payload.size);
   }
   if (worker_->amScope() != nullptr) {
-    // Inside an active-message callback UCX only queues sends; issue it right after.
+    // Inside an active-message callback UCX only queues sends that it cannot complete at
+    // once (measured: milliseconds on shared memory); issue it right after the callback.
     worker_->deferFromProgressThread(
         [](void* arg) {
           Operation* deferred = static_cast<Operation*>(arg);

@@ -31,22 +31,17 @@ void HeaderBytes::moveFrom(HeaderBytes& other) noexcept {
   other.size_ = 0;
 }
 
-InboundMessage::InboundMessage(std::shared_ptr<Worker> worker, std::shared_ptr<Endpoint> endpoint,
-                               std::span<const std::byte> header, void* payload_desc,
-                               size_t payload_size, bool payload_is_rndv)
-    : worker_(std::move(worker)),
-      endpoint_(std::move(endpoint)),
-      header_(header),
-      payload_size_(payload_size) {
+InboundMessage::InboundMessage(std::shared_ptr<Endpoint> endpoint, std::span<const std::byte> header,
+                               void* payload_desc, size_t payload_size, bool payload_is_rndv)
+    : endpoint_(std::move(endpoint)), header_(header), payload_size_(payload_size) {
   payload_.desc = payload_desc;
   payload_.size = payload_size;
   payload_.rndv = payload_is_rndv;
-  payload_.generation = worker_->amGeneration();
+  payload_.generation = worker().amGeneration();
 }
 
 InboundMessage::InboundMessage(InboundMessage&& other) noexcept
-    : worker_(std::move(other.worker_)),
-      endpoint_(std::move(other.endpoint_)),
+    : endpoint_(std::move(other.endpoint_)),
       header_(std::move(other.header_)),
       payload_(other.takePayload()),
       payload_size_(other.payload_size_) {}
@@ -54,7 +49,6 @@ InboundMessage::InboundMessage(InboundMessage&& other) noexcept
 InboundMessage& InboundMessage::operator=(InboundMessage&& other) noexcept {
   if (this != &other) {
     releasePayload();
-    worker_ = std::move(other.worker_);
     endpoint_ = std::move(other.endpoint_);
     header_ = std::move(other.header_);
     payload_ = other.takePayload();
@@ -62,6 +56,8 @@ InboundMessage& InboundMessage::operator=(InboundMessage&& other) noexcept {
   }
   return *this;
 }
+
+Worker& InboundMessage::worker() const { return endpoint_->worker(); }
 
 InboundMessage::~InboundMessage() { releasePayload(); }
 
@@ -89,38 +85,47 @@ void InboundMessage::receivePayload(Buffer dst, Callback done) {
                             : GENIE_ERROR(kInvalidArgument, "payload was already received or released"));
     return;
   }
-  Worker& worker = *worker_;
+  Worker& worker = this->worker();
   if (worker.isProgressThread()) {
-    receiveFromProgressThread(worker, endpoint_ ? endpoint_->state() : nullptr, takePayload(), dst,
-                              std::move(done));
+    if (dst.memory == MemoryType::kHost && !payload_.rndv && payload_.desc != nullptr) {
+      // The common small message: eager data that UCX kept for us, one copy, done now.
+      std::memcpy(dst.data, payload_.desc, payload_.size);
+      releaseFromProgressThread(worker, payload_.desc, payload_.generation);
+      payload_.desc = nullptr;
+      done(Status::ok());
+      return;
+    }
+    receiveFromProgressThread(worker, endpoint_->state(), takePayload(), dst, std::move(done));
     return;
   }
-  // The UCX calls must run on the progress thread; the worker outlives this through the
-  // endpoint that the closure holds.
-  worker.post([worker = worker_, from = endpoint_ ? endpoint_->state() : nullptr, payload = takePayload(), dst,
-               done = std::move(done)]() mutable {
-    receiveFromProgressThread(*worker, std::move(from), std::move(payload), dst, std::move(done));
+  // The UCX calls must run on the progress thread; the endpoint that the closure holds keeps
+  // the worker alive.
+  worker.post([endpoint = endpoint_, payload = takePayload(), dst, done = std::move(done)]() mutable {
+    receiveFromProgressThread(endpoint->worker(), endpoint->state(), std::move(payload), dst, std::move(done));
   });
 }
 
 void InboundMessage::releasePayload() {
-  if (!payload_.pending() || !worker_) return;
-  if (worker_->isProgressThread()) {
-    releaseFromProgressThread(*worker_, takePayload());
+  if (!payload_.pending() || !endpoint_) return;
+  Worker& worker = this->worker();
+  Payload payload = takePayload();  // an eager copy (large headers) is freed here
+  if (payload.desc == nullptr) return;
+  if (worker.isProgressThread()) {
+    releaseFromProgressThread(worker, payload.desc, payload.generation);
     return;
   }
-  worker_->post([worker = worker_, payload = takePayload()]() mutable {
-    releaseFromProgressThread(*worker, std::move(payload));
+  worker.post([endpoint = endpoint_, desc = payload.desc, generation = payload.generation] {
+    releaseFromProgressThread(endpoint->worker(), desc, generation);
   });
 }
 
-void InboundMessage::releaseFromProgressThread(Worker& worker, Payload payload) {
-  if (payload.desc == nullptr) return;
-  if (auto* scope = AmCallbackScope::current(worker, payload.generation)) {
+void InboundMessage::releaseFromProgressThread(Worker& worker, void* desc, uint64_t generation) {
+  if (desc == nullptr) return;
+  if (auto* scope = AmCallbackScope::current(worker, generation)) {
     scope->disposition = AmCallbackScope::Disposition::kRelease;  // the callback returns UCS_OK
     return;
   }
-  ucp_am_data_release(worker.ucpWorker(), payload.desc);
+  ucp_am_data_release(worker.ucpWorker(), desc);
 }
 
 namespace {
@@ -154,7 +159,7 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
                                                Payload payload, Buffer dst, Callback done) {
   if (dst.memory == MemoryType::kCuda && !worker.info().cuda_memory) {
     if (!cudaStagingBuilt()) {
-      releaseFromProgressThread(worker, std::move(payload));
+      releaseFromProgressThread(worker, payload.desc, payload.generation);
       done(copyHostToDevice(dst.data, nullptr, dst.size));  // kUnsupported, naming the size
       return;
     }
@@ -177,7 +182,7 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
   if (!payload.rndv) {
     // Eager data that UCX kept for us (UCP_AM_FLAG_PERSISTENT_DATA): one copy.
     std::memcpy(dst.data, payload.desc, payload.size);
-    releaseFromProgressThread(worker, std::move(payload));
+    releaseFromProgressThread(worker, payload.desc, payload.generation);
     done(Status::ok());
     return;
   }

@@ -91,12 +91,8 @@ struct AmDispatch {
     if (!worker->message_handler_) return UCS_OK;
     bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     AmCallbackScope scope(*worker);
-    {
-      InboundMessage message(worker->shared_from_this(), std::move(endpoint),
-                             {static_cast<const std::byte*>(header), header_length},
-                             length ? data : nullptr, length, rndv);
-      worker->message_handler_(std::move(message));
-    }
+    worker->message_handler_(InboundMessage(std::move(endpoint), {static_cast<const std::byte*>(header), header_length},
+                                            length ? data : nullptr, length, rndv));
     return scope.ucxReturn(length);
   }
 
@@ -120,8 +116,7 @@ struct AmDispatch {
     worker->countReceived(header_length + length);
     auto deliver = [worker, endpoint, flatbuffer_length](std::vector<std::byte> bytes) {
       if (!worker->message_handler_) return;
-      InboundMessage message(worker->shared_from_this(), endpoint,
-                             {bytes.data(), static_cast<size_t>(flatbuffer_length)}, nullptr, 0, false);
+      InboundMessage message(endpoint, {bytes.data(), static_cast<size_t>(flatbuffer_length)}, nullptr, 0, false);
       message.adoptEagerCopy(std::vector<std::byte>(bytes.begin() + flatbuffer_length, bytes.end()));
       worker->message_handler_(std::move(message));
     };
@@ -324,6 +319,7 @@ void Worker::shutdown() {
   }
   while (!pending_closes_.empty()) progress();  // bounded: progressCloses() abandons at the deadline
   endpoints_.clear();
+  last_state_ = nullptr;
   runPostedTasks();
   shut_down_ = true;
 }
@@ -355,10 +351,12 @@ unsigned Worker::runPostedTasks() {
 }
 
 unsigned Worker::progress() {
-  unsigned events = runPostedTasks();
+  // Called in a busy loop: the checks for empty queues stay inline (a few instructions).
+  unsigned events = 0;
+  if (tasks_pending_.load(std::memory_order_acquire) != 0) events += runPostedTasks();
   events += ucp_worker_progress(worker_);
-  events += runDeferred();
-  events += progressCloses();
+  if (!deferred_.empty()) events += runDeferred();
+  if (!pending_closes_.empty()) events += progressCloses();
   return events;
 }
 
@@ -468,14 +466,25 @@ void Worker::progressThreadMain() {
 // ---- endpoints ------------------------------------------------------------------------
 
 std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
-  auto it = endpoints_.find(ep);
-  if (it == endpoints_.end()) return nullptr;
-  return it->second->owner.lock();
+  // Messages mostly come from the peer of the previous one: skip the hash lookup then.
+  if (ep != last_ep_ || last_state_ == nullptr) {
+    auto it = endpoints_.find(ep);
+    if (it == endpoints_.end()) return nullptr;
+    last_ep_ = ep;
+    last_state_ = it->second.get();
+  }
+  return last_state_->owner.lock();
+}
+
+void Worker::forgetEndpointFromProgressThread(ucp_ep_h ep) {
+  endpoints_.erase(ep);
+  if (ep == last_ep_) last_state_ = nullptr;
 }
 
 std::shared_ptr<Endpoint> Worker::adoptEndpointFromProgressThread(std::shared_ptr<EndpointState> state) {
   auto endpoint = std::make_shared<Endpoint>(shared_from_this(), state);
   state->owner = endpoint;
+  if (state->ep == last_ep_) last_state_ = nullptr;
   endpoints_[state->ep] = std::move(state);
   return endpoint;
 }
@@ -521,7 +530,7 @@ void Worker::issueCloseFromProgressThread(const std::shared_ptr<EndpointState>& 
     pending_closes_.push_back({state, request, deadline, PendingClose::Phase::kClosing});
     return;
   }
-  endpoints_.erase(state->ep);
+  forgetEndpointFromProgressThread(state->ep);
   state->ep = nullptr;
   state->close_done = true;
 }
@@ -556,7 +565,7 @@ unsigned Worker::progressCloses() {
       SPDLOG_WARN("closing the endpoint to {} took over {} ms: abandoned", close.state->peer,
                   config_.close_timeout.count());
     }
-    endpoints_.erase(close.state->ep);
+    forgetEndpointFromProgressThread(close.state->ep);
     close.state->ep = nullptr;
     close.state->close_done = true;
   }

@@ -100,7 +100,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // internal (progress thread)
   ucp_ep_h ucpEp() const { return state_->ep; }
   const std::shared_ptr<EndpointState>& state() const { return state_; }
-  void sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback done);
+  void sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback&& done);
 
  private:
   void closeFromProgressThread(bool force);

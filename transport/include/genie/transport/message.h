@@ -53,7 +53,8 @@ class InboundMessage {
   size_t payloadSize() const { return payload_size_; }
   /// True while the payload has not been received or released.
   bool hasPendingPayload() const { return payload_.pending(); }
-  /// The endpoint it came on; reply through it. Null if it has closed meanwhile.
+  /// The endpoint it came on; reply through it (if it has failed or closed since, sends
+  /// complete with its error). Null only in a moved-from message.
   const std::shared_ptr<Endpoint>& endpoint() const { return endpoint_; }
 
   /// Places the payload into `dst` (dst.size must equal payloadSize()). `done` runs on the
@@ -63,10 +64,10 @@ class InboundMessage {
   /// Drops the payload (e.g. the header was invalid). Also done by the destructor.
   void releasePayload();
 
-  // internal: built by the Worker's active-message callback (progress thread).
-  InboundMessage(std::shared_ptr<Worker> worker, std::shared_ptr<Endpoint> endpoint,
-                 std::span<const std::byte> header, void* payload_desc, size_t payload_size,
-                 bool payload_is_rndv);
+  // internal: built by the Worker's active-message callback (progress thread). `endpoint`
+  // is not null; it keeps its Worker alive for as long as the message lives.
+  InboundMessage(std::shared_ptr<Endpoint> endpoint, std::span<const std::byte> header, void* payload_desc,
+                 size_t payload_size, bool payload_is_rndv);
   /// An eager payload that UCX would not keep: copied into the message.
   void adoptEagerCopy(std::vector<std::byte> bytes);
 
@@ -83,10 +84,12 @@ class InboundMessage {
   Payload takePayload();
   static void receiveFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
                                         Payload payload, Buffer dst, Callback done);
-  static void releaseFromProgressThread(Worker& worker, Payload payload);
+  /// Gives UCX's eager descriptor back (or tells the running callback to).
+  static void releaseFromProgressThread(Worker& worker, void* desc, uint64_t generation);
 
-  std::shared_ptr<Worker> worker_;
-  std::shared_ptr<Endpoint> endpoint_;
+  Worker& worker() const;
+
+  std::shared_ptr<Endpoint> endpoint_;  // null only in a moved-from or default message
   HeaderBytes header_;
   Payload payload_;
   size_t payload_size_ = 0;

@@ -34,6 +34,7 @@ inline constexpr TorchDTypePair kTorchDTypes[] = {
     {DType::UInt16, c10::ScalarType::UInt16},
     {DType::UInt32, c10::ScalarType::UInt32},
     {DType::UInt64, c10::ScalarType::UInt64},
+    {DType::ComplexHalf, c10::ScalarType::ComplexHalf},
 };
 
 /// The torch scalar type of a wire dtype; nullopt for Undefined and values outside the enum.

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -443,7 +444,10 @@ void Worker::progressThreadMain() {
       last_event = std::chrono::steady_clock::now();
       continue;
     }
-    if (std::chrono::steady_clock::now() - last_event < config_.busy_poll) continue;
+    if (std::chrono::steady_clock::now() - last_event < config_.busy_poll) {
+      sched_yield();
+      continue;
+    }
     // Idle: arm the worker's event fd and sleep until UCX or post() wakes us.
     sleeping_.store(true, std::memory_order_seq_cst);
     if (tasks_pending_.load(std::memory_order_seq_cst) != 0 || !pending_closes_.empty()) {

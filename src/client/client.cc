@@ -274,6 +274,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, uint16_
   impl->peer = fmt::format("{}:{}", host, port);
   transport::WorkerConfig config = options.transport;
   config.name = options.name;
+  config.yield_while_polling = true;  // call() polls for replies: see kReplyPoll
   auto worker = transport::Worker::create(config);
   if (!worker) return worker.status();
   impl->worker = *worker;

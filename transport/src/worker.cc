@@ -445,7 +445,7 @@ void Worker::progressThreadMain() {
       continue;
     }
     if (std::chrono::steady_clock::now() - last_event < config_.busy_poll) {
-      sched_yield();
+      if (config_.yield_while_polling) sched_yield();
       continue;
     }
     // Idle: arm the worker's event fd and sleep until UCX or post() wakes us.

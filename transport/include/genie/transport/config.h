@@ -30,6 +30,11 @@ struct WorkerConfig {
   /// Progress thread: keep polling this long after the last event before sleeping on the
   /// worker's event fd (µs). 0 sleeps as soon as idle.
   std::chrono::microseconds busy_poll{100};
+  /// Progress thread: call sched_yield() after each poll that found nothing. For a client
+  /// whose callers poll briefly for their replies (genie::client::Client): the caller then gets
+  /// the core at once. Off for genie-node, whose kernels (OpenMP) lose more to a yielding
+  /// poller than its round trips gain (MiniLM: the node's execution 50 -> 65 ms).
+  bool yield_while_polling = false;
   /// Payloads at least this large use rendezvous (received straight into the receiver's
   /// buffer). 0 keeps UCX's own choice ("auto").
   size_t rndv_threshold = 0;

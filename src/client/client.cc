@@ -122,19 +122,31 @@ struct Client::Impl {
   /// say which. Every request waiting now fails with it (rather than waiting for its timeout).
   void failAllPending(const wire::Error& error) {
     GENIE_LOG_WARN("genie-node {} refused a message: {}", peer, wire::stringOf(error.message()));
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      last_error = {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
+                    std::string(wire::stringOf(error.message()))};
+    }
+    failPending(Status(StatusCode::kRemote,
+                       fmt::format("{}: {} (genie-node {} refused a request it could not read)",
+                                   wire::errorCodeName(error.code()), wire::stringOf(error.message()), peer),
+                       __FILE__, __LINE__));
+  }
+
+  /// The connection failed (peer died, link broke): every request waiting now fails at once
+  /// with kPeerUnreachable naming the node, instead of waiting for its reply's timeout.
+  void onEndpointError(const Status& error) {
+    failPending(Status(StatusCode::kPeerUnreachable, fmt::format("genie-node {}: {}", peer, error.message()),
+                       __FILE__, __LINE__));
+  }
+
+  void failPending(const Status& status) {
     std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
       failed.swap(pending);
-      last_error = {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
-                    std::string(wire::stringOf(error.message()))};
     }
-    for (auto& [id, waiting] : failed) {
-      waiting->finish(Status(StatusCode::kRemote,
-                             fmt::format("{}: {} (genie-node {} refused a request it could not read)",
-                                         wire::errorCodeName(error.code()), wire::stringOf(error.message()), peer),
-                             __FILE__, __LINE__));
-    }
+    for (auto& [id, waiting] : failed) waiting->finish(status);
   }
 
   /// Sends a message that gets no reply; `header` is copied by the transport.
@@ -280,6 +292,8 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, uint16_
   impl->worker = *worker;
   Impl* raw = impl.get();
   impl->worker->setMessageHandler([raw](InboundMessage m) { raw->onMessage(std::move(m)); });
+  impl->worker->setEndpointErrorHandler(
+      [raw](const std::shared_ptr<transport::Endpoint>&, const Status& error) { raw->onEndpointError(error); });
   GENIE_RETURN_IF_ERROR(impl->worker->startProgressThread());
   auto endpoint = impl->worker->connect(host, port);
   if (!endpoint) {

@@ -64,3 +64,30 @@ def test_node_killed_mid_run():
         x.cpu()  # x lived on the dead node
     y = torch.randn(4, 4)
     assert torch.equal(y.to(DEV).cpu(), y)  # the next call starts a new embedded node
+
+
+def test_node_killed_while_a_request_waits():
+    # The node dies while the client waits for its reply (not before the request was sent):
+    # the wait ends with GenieConnectionError once the connection's failure is detected
+    # (peer timeout ~1 s), not at the request timeout (60 s).
+    import threading
+    x = torch.randn(1024, 1024).to(DEV)
+    x.cpu()
+    node = genie._session.session().embedded
+    assert node is not None and node.alive()
+    y = x
+    for _ in range(200):  # seconds of work on the node
+        y = y @ x
+        y = y / y.norm()
+    killer = threading.Timer(0.5, lambda: os.kill(node.process.pid, signal.SIGKILL))
+    start = time.monotonic()
+    killer.start()
+    try:
+        with pytest.raises(GenieConnectionError):
+            y.sum().item()
+    finally:
+        killer.join()
+        node.process.wait()
+    assert 0.4 < time.monotonic() - start < 5
+    z = torch.randn(3, 3)
+    assert torch.equal(z.to(DEV).cpu(), z)  # a new embedded node

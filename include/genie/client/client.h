@@ -2,7 +2,10 @@
 // calls that send one request and wait for its reply (matched by request id), from any
 // thread. Tensors are described by wire::TensorSlotArgs and travel as raw bytes.
 //
-// Errors: kPeerUnreachable / kTimeout from the data plane (naming the node's address);
+// Errors: kPeerUnreachable / kTimeout from the data plane (naming the node's address). When
+// the connection fails (the node died, the link broke), every request still waiting fails
+// at once with kPeerUnreachable (within the transport's peer timeout, ~1 s), not at its own
+// timeout;
 // kRemote when the node answered with an Error: the Status message reads
 // "<ErrorCode> [op <index> (<op name>)]: <node's message>" and remoteError() returns the parts.
 //

@@ -19,12 +19,13 @@ from __future__ import annotations
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
+from .lazy import LazyTensor
+
 aten = torch.ops.aten
 
 
 def _lazy_desc(t):
     """The descriptor (shape, strides, offset, dtype) of a LazyTensor, else None."""
-    from .lazy import LazyTensor
     return t._desc if type(t) is LazyTensor else None
 
 
@@ -92,7 +93,7 @@ def sdpa_shapes(args: tuple, kwargs: dict):
     key (B, H, S, E) and value (B, H, S, Ev) of one dtype, with no dropout or GQA, and an
     optional bool or same-dtype mask that broadcasts to (B, H, L, S): a contiguous
     (B, H, L, Ev) output of query's dtype. None otherwise."""
-    if len(args) < 3 or len(args) > 6 or kwargs.get("enable_gqa"):
+    if len(args) < 3 or kwargs.get("enable_gqa"):
         return None
     q, k, v = (_lazy_desc(t) for t in args[:3])
     if q is None or k is None or v is None:

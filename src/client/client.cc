@@ -38,8 +38,7 @@ constexpr std::chrono::microseconds kReplyPoll{50};
 struct Pending {
   std::mutex mutex;
   std::condition_variable cv;
-  bool done = false;
-  std::atomic<bool> ready{false};  // `done`, readable without the mutex (the caller's brief poll)
+  std::atomic<bool> done{false};  // set under `mutex`; also read without it (the caller's brief poll)
   Status status;
   std::vector<std::byte> header;  // 16-byte aligned by the allocator: verifiable in place
   PayloadBuffer payload;
@@ -47,8 +46,7 @@ struct Pending {
   void finish(Status s) {
     std::lock_guard<std::mutex> lock(mutex);
     status = std::move(s);
-    done = true;
-    ready.store(true, std::memory_order_release);
+    done.store(true, std::memory_order_release);
     cv.notify_all();
   }
 };
@@ -178,7 +176,7 @@ struct Client::Impl {
     // for it briefly, yielding the core, before sleeping on the condition variable (a futex
     // wake-up costs more than such a round trip on a loaded machine).
     const auto poll_until = std::chrono::steady_clock::now() + kReplyPoll;
-    while (!waiting->ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < poll_until) {
+    while (!waiting->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < poll_until) {
       sched_yield();
     }
     std::unique_lock<std::mutex> lock(waiting->mutex);

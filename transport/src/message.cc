@@ -88,9 +88,8 @@ void InboundMessage::receivePayload(Buffer dst, Callback done) {
   Worker& worker = this->worker();
   if (worker.isProgressThread()) {
     if (dst.memory == MemoryType::kHost && !payload_.rndv && payload_.desc != nullptr) {
-      // The common small message: eager data that UCX kept for us, one copy, done now.
-      std::memcpy(dst.data, payload_.desc, payload_.size);
-      releaseFromProgressThread(worker, payload_.desc, payload_.generation);
+      // The common small message, done now (no endpoint state or payload moved along).
+      copyEagerFromProgressThread(worker, payload_, dst);
       payload_.desc = nullptr;
       done(Status::ok());
       return;
@@ -117,6 +116,12 @@ void InboundMessage::releasePayload() {
   worker.post([endpoint = endpoint_, desc = payload.desc, generation = payload.generation] {
     releaseFromProgressThread(endpoint->worker(), desc, generation);
   });
+}
+
+void InboundMessage::copyEagerFromProgressThread(Worker& worker, const Payload& payload, Buffer dst) {
+  // Eager data that UCX kept for us (UCP_AM_FLAG_PERSISTENT_DATA): one copy, then released.
+  std::memcpy(dst.data, payload.desc, payload.size);
+  releaseFromProgressThread(worker, payload.desc, payload.generation);
 }
 
 void InboundMessage::releaseFromProgressThread(Worker& worker, void* desc, uint64_t generation) {
@@ -180,9 +185,7 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
     return;
   }
   if (!payload.rndv) {
-    // Eager data that UCX kept for us (UCP_AM_FLAG_PERSISTENT_DATA): one copy.
-    std::memcpy(dst.data, payload.desc, payload.size);
-    releaseFromProgressThread(worker, payload.desc, payload.generation);
+    copyEagerFromProgressThread(worker, payload, dst);
     done(Status::ok());
     return;
   }

@@ -84,6 +84,8 @@ class InboundMessage {
   Payload takePayload();
   static void receiveFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
                                         Payload payload, Buffer dst, Callback done);
+  /// Copies eager data UCX kept (host `dst` of the payload's size) and gives it back.
+  static void copyEagerFromProgressThread(Worker& worker, const Payload& payload, Buffer dst);
   /// Gives UCX's eager descriptor back (or tells the running callback to).
   static void releaseFromProgressThread(Worker& worker, void* desc, uint64_t generation);
 

@@ -56,10 +56,9 @@ std::string codeNameOf(const std::string& message) {
   return message.substr(0, end == std::string::npos ? message.size() : end);
 }
 
-/// Raises the genie.errors exception for a failed status. Call with the GIL held.
+/// The genie.errors exception for a failed status. Call with the GIL held.
 /// `remote`: the parts of the node's Error reply, when the client still exists.
-[[noreturn]] void raiseStatus(const Status& status, const std::string& address,
-                              const client::RemoteError* remote = nullptr) {
+py::object errorOf(const Status& status, const std::string& address, const client::RemoteError* remote = nullptr) {
   std::string message = status.message();
   py::object error;
   switch (status.code()) {
@@ -87,6 +86,13 @@ std::string codeNameOf(const std::string& message) {
     default:
       error = errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);
   }
+  return error;
+}
+
+/// Raises errorOf(status, ...).
+[[noreturn]] void raiseStatus(const Status& status, const std::string& address,
+                              const client::RemoteError* remote = nullptr) {
+  py::object error = errorOf(status, address, remote);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
 }
@@ -299,13 +305,23 @@ class PyClient {
     return bytesOfId(*id);
   }
 
-  py::list runGraph(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
-                    const py::list& outputs, const py::list& free) {
+  /// A RunGraph's arguments from run_graph's Python arguments (raises TypeError/ValueError).
+  struct ParsedRun {
     wire::RunGraphArgs run;
-    run.graph_id = idOf<wire::GraphId>(graph_id, "run_graph: graph_id");
     std::vector<OutgoingTensor> inline_tensors;
     std::vector<uint64_t> offsets;
     wire::PayloadLayout layout;
+    /// Inline inputs are small: copied into the message's payload.
+    std::vector<std::byte> payload() const { return gatherPayload(inline_tensors, offsets, layout.size()); }
+  };
+  static ParsedRun parseRun(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
+                            const py::list& outputs, const py::list& free) {
+    ParsedRun parsed;
+    wire::RunGraphArgs& run = parsed.run;
+    std::vector<OutgoingTensor>& inline_tensors = parsed.inline_tensors;
+    std::vector<uint64_t>& offsets = parsed.offsets;
+    wire::PayloadLayout& layout = parsed.layout;
+    run.graph_id = idOf<wire::GraphId>(graph_id, "run_graph: graph_id");
     for (size_t i = 0; i < inputs.size(); ++i) {
       const std::string what = at("run_graph: inputs", i);
       py::tuple item = tupleOf(inputs[i], 2, what);
@@ -363,11 +379,14 @@ class PyClient {
     }
     for (size_t i = 0; i < free.size(); ++i) run.free.push_back(idOf<wire::Handle>(free[i], at("run_graph: free", i)));
 
-    auto reply = withoutGil([&] {
-      // Inline inputs are small: copied into the message's payload.
-      std::vector<std::byte> payload = gatherPayload(inline_tensors, offsets, layout.size());
-      return live().runGraphReply(run, payload);
-    });
+    return parsed;
+  }
+
+  py::list runGraph(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
+                    const py::list& outputs, const py::list& free) {
+    ParsedRun parsed = parseRun(graph_id, inputs, scalars, outputs, free);
+    const wire::RunGraphArgs& run = parsed.run;
+    auto reply = withoutGil([&] { return live().runGraphReply(run, parsed.payload()); });
     check(reply);
     py::list out;
     size_t returned = 0, described = 0;
@@ -385,6 +404,28 @@ class PyClient {
         default:
           out.append(py::none());
       }
+    }
+    return out;
+  }
+
+  uint64_t runGraphAsync(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
+                         const py::list& outputs, const py::list& free) {
+    ParsedRun parsed = parseRun(graph_id, inputs, scalars, outputs, free);
+    for (size_t i = 0; i < parsed.run.outputs.size(); ++i) {
+      if (parsed.run.outputs[i].action != wire::OutputAction::KeepResident) {
+        throw py::value_error(at("run_graph_async: outputs", i) + ": an asynchronous run can only keep outputs resident");
+      }
+    }
+    auto id = withoutGil([&] { return live().runGraphAsync(parsed.run, parsed.payload()); });
+    check(id);
+    return *id;
+  }
+
+  py::list takeAsyncFailures(bool wait) {
+    auto failures = withoutGil([&] { return live().takeAsyncFailures(wait); });
+    py::list out;
+    for (const client::AsyncFailure& failure : failures) {
+      out.append(py::make_tuple(failure.request_id, errorOf(failure.status, address_, &failure.remote)));
     }
     return out;
   }
@@ -424,6 +465,7 @@ class PyClient {
     out["bytes_received"] = c.bytes_received;
     out["messages_sent"] = c.messages_sent;
     out["round_trips"] = c.round_trips;
+    out["async_runs"] = c.async_runs;
     return out;
   }
 
@@ -577,6 +619,21 @@ Returns a list aligned with outputs: a CPU torch.Tensor (Return, ReturnAndKeep),
 (KeepAndDescribe), None (KeepResident). Raises GenieRemoteError (UnknownGraph, UnknownHandle,
 TorchError with op_index/op_name, OutOfMemory), GenieConnectionError, TypeError/ValueError.
 )doc")
+      .def("run_graph_async", &PyClient::runGraphAsync, py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
+           py::arg("outputs"), py::arg("free") = py::list(), R"doc(
+run_graph_async(graph_id: bytes, inputs, scalars, outputs, free=[]) -> int
+
+Sends a RunGraph like run_graph and returns its request id at once, without waiting for the
+node (no round trip). Every output spec must be KeepResident (action 1): ValueError otherwise.
+The node runs a session's requests in order, so the reply of any later call comes after this
+run finished; its failure is reported by take_async_failures(). Raises GenieConnectionError
+when the node is already unreachable.)doc")
+      .def("take_async_failures", &PyClient::takeAsyncFailures, py::arg("wait") = true, R"doc(
+take_async_failures(wait=True) -> list[tuple[int, GenieError]]
+
+The asynchronous runs that failed since the last call: (request id, the exception that run
+would have raised: GenieRemoteError naming the op, or GenieConnectionError). With wait, first
+waits until every run sent so far is answered (at most the request timeout).)doc")
       .def("stats", &PyClient::stats, R"doc(
 stats() -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
 graphs_cached, ops_executed, bytes_in, bytes_out (bytes), memory_limit (bytes, 0 = none),
@@ -585,7 +642,8 @@ uptime_us (µs).
       .def("ping", &PyClient::ping, "ping() -> float: one Ping/Pong round trip, in seconds.")
       .def("counters", &PyClient::counters, R"doc(
 counters() -> dict: this client's cumulative traffic: bytes_sent, bytes_received (headers +
-payloads of every message, bytes), messages_sent, round_trips (requests that waited for a reply).
+payloads of every message, bytes), messages_sent, round_trips (requests that waited for a reply),
+async_runs (RunGraphs sent by run_graph_async).
 )doc")
       .def("close", &PyClient::close, "Says Goodbye and closes (idempotent; also done when the object dies).")
       .def("__enter__", [](py::object self) { return self; })

@@ -72,7 +72,8 @@ def get_device(index: int = 0) -> DeviceProperties:
 
 def synchronize(device=None) -> None:
     """Runs every pending op whose result is still held (all devices when `device` is None),
-    and sends the batched frees. Raises GenieRemoteError / GenieConnectionError."""
+    sends the batched frees, and waits for the asynchronous runs sent before. Raises
+    GenieRemoteError (also for a failed asynchronous run) / GenieConnectionError."""
     runtimes = all_runtimes() if device is None else [runtime_for(torch.device("remote_accelerator",
                                                                                 _device_index(device)))]
     for runtime in runtimes:

@@ -2,9 +2,12 @@
 
 One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` session.
 
-- `record(node)` appends to the pending graph (program order). The pending graph is bounded:
-  past `max_pending` nodes it is executed (`flush`), so a long loop that never reads a value
-  does not grow without limit.
+- `record(node)` appends to the pending graph (program order). Every `async_chunk` nodes
+  the live pending graph is sent as an *asynchronous* run (`run_graph_async`: no round trip):
+  the node executes it while the program records the next ops, as a CUDA stream runs kernels
+  while the host enqueues more. Its outputs the program holds stay resident (their handles are
+  set at once); only the next materialization waits. So the pending graph stays bounded and
+  a long loop that never reads a value does not grow without limit.
 - `_execute(returned, described)` is the one request of a materialization: it cuts the
   *live* pending graph (nodes whose outputs a live LazyTensor still holds, ops that write a
   storage some live tensor aliases, and everything those depend on), lowers it
@@ -16,17 +19,21 @@ One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` se
 
 Errors: a failed run marks the values it would have produced as lost (using one re-raises
 the error) and leaves everything else usable; a lost connection marks every value of the
-session lost, and the next use reconnects (or restarts the embedded node).
+session lost, and the next use reconnects (or restarts the embedded node). A failed
+asynchronous run is reported at the next request that waits (as CUDA reports a kernel's error
+at the next synchronization): that request raises the run's GenieRemoteError (naming its op),
+and every value the run would have kept is lost.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import weakref
 
 import torch
 
-from .errors import GenieConnectionError, GenieError
+from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
 from .lower import GraphCache, encode, lower
 
@@ -48,6 +55,11 @@ def new_handle() -> bytes:
 class Runtime:
     """One remote device. Not thread-safe: PyTorch programs capture from one thread."""
 
+    # Nodes recorded before the live pending graph is sent as an asynchronous run; 0: never
+    # (the pending graph then runs only when read, or synchronously past max_pending). Set
+    # at each connection by `async_chunk_for`.
+    async_chunk = 0
+    max_in_flight = 32  # asynchronous runs outstanding before the program waits for them
     max_pending = 20000  # nodes; the pending graph runs when it grows past this
     inline_max_bytes = 64 * 1024  # host tensors up to this size travel inline with a run
 
@@ -62,6 +74,9 @@ class Runtime:
         self._weights: dict[tuple, weakref.ref] = {}  # host bytes of uploaded weights -> their value
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
+        self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
+        self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
+        self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
         self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
 
@@ -71,6 +86,7 @@ class Runtime:
         if self.client is None:
             self.client = self._connect()
             self.graphs.clear()
+            self.async_chunk = async_chunk_for(self.client.device, self.client.address)
         return self.client
 
     def _lost(self, error: BaseException) -> None:
@@ -85,6 +101,8 @@ class Runtime:
         self.pending = []
         self.dead = []
         self.releasing = []
+        self.in_flight = {}
+        self._deferred = None  # superseded by the connection error being raised
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -92,13 +110,53 @@ class Runtime:
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-    def _call(self, method: str, *args):
+    def _request(self, method: str, *args):
+        """One request to the node that waits for its reply."""
         client = self.connection()
         try:
             return getattr(client, method)(*args)
         except GenieConnectionError as error:
             self._lost(error)
             raise
+
+    def _call(self, method: str, *args):
+        """`_request`, then the report of failed asynchronous runs: the first one's error is
+        raised (after the request's own error, if it failed too: `raise ... from`)."""
+        try:
+            result = self._request(method, *args)
+        except GenieRemoteError as error:
+            failed = self._reap_async()
+            if failed is not None:
+                raise failed from error
+            raise
+        failed = self._reap_async()
+        if failed is not None:
+            raise failed
+        return result
+
+    def _reap_async(self, sent_after: list[Value] = ()) -> BaseException | None:
+        """After a request that waited, every asynchronous run sent before it has finished.
+        Returns the first failure (or an error deferred by `_execute_async`), else None.
+
+        A failed run poisons what was sent after it, as a CUDA error does the work queued
+        behind it: the values it and every later run would have kept (and `sent_after`, those
+        of the request that just waited) are lost with its error. Later runs may have read
+        storage the failed run was to write, so their results cannot be trusted."""
+        first, self._deferred = self._deferred, None
+        if not self.in_flight or self.client is None:
+            self.in_flight.clear()
+            return first
+        failures = self.client.take_async_failures(True)
+        if failures:
+            failed_id, error = min(failures, key=lambda f: f[0])  # request ids grow in send order
+            poisoned = [kept for request_id, kept in self.in_flight.items() if request_id >= failed_id]
+            poisoned.append(sent_after)
+            for kept in poisoned:
+                for v in kept:
+                    v.error = error  # the handle stays: freed when the tensor dies
+            first = first or error
+        self.in_flight.clear()
+        return first
 
     # ---- tensors ------------------------------------------------------------------------
 
@@ -131,11 +189,48 @@ class Runtime:
         value.tensors += 1
 
     def record(self, node: Node) -> None:
-        if len(self.pending) >= self.max_pending:
+        n = len(self.pending)
+        if n >= self.max_pending:
             self.flush()
+        elif self.async_chunk and n >= self.async_chunk and self.client is not None and (
+                not self._cache_write_open or n >= self.async_chunk + _CACHE_WRITE_GRACE):
+            # Before appending: `node`'s outputs get their tensors only after this returns.
+            self._execute_async()
         self.pending.append(node)
         if self.capture_log is not None:
             self.capture_log.append(node)
+        if node.op in _CACHE_WRITERS:
+            self._cache_write_open = True
+        elif node.op in _SDPA:
+            self._cache_write_open = False
+
+    def _execute_async(self) -> None:
+        """Sends the live pending graph as an asynchronous run (no round trip): outputs a live
+        tensor holds stay resident under handles set now; nothing comes back. Errors are not
+        raised here (from the op being recorded) but at the next request that waits.
+
+        The cut waits while a KV-cache write has not been read by attention yet (at most
+        _CACHE_WRITE_GRACE more nodes), so that `_annotate_kv_cache` sees the write and its
+        reader in one cut and keeps the cache as STATEFUL_KV_CACHE. At most `max_in_flight`
+        runs are outstanding: past that the program waits for them (as a full CUDA launch
+        queue blocks the host)."""
+        self._cache_write_open = False
+        if len(self.in_flight) >= self.max_in_flight:
+            self._deferred = self._reap_async()
+        self._drain_dead()
+        nodes = self._live_nodes(set())
+        pending, self.pending = self.pending, []
+        try:
+            cut = self._prepare_cut(nodes, [], [])
+            request_id = self._request("run_graph_async", *cut.request)
+        except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
+            if not isinstance(error, GenieConnectionError):
+                self.pending = self._after_failure(nodes, pending, error) + self.pending
+            self._deferred = self._deferred or error
+            return
+        self._release_unneeded(pending)
+        cut.keep()
+        self.in_flight[request_id] = [v for v, _, _ in cut.kept]
 
     def upload(self, cpu: torch.Tensor, residency: int, storage: Storage | None = None) -> Value:
         """Puts a host tensor on the node now (one PutTensors); returns its resident value."""
@@ -250,14 +345,18 @@ class Runtime:
         return bool(result) if ret_type == "bool" else result
 
     def flush(self) -> None:
-        """Runs every live pending op (genie.synchronize)."""
+        """Runs every live pending op and waits for the asynchronous runs (genie.synchronize)."""
         self._drain_dead()
         if self.pending:
             self._execute([], [])
-        elif self.releasing and self.client is not None:
-            frees = self._take_frees(set())
-            if frees:
-                self._call("free", frees)
+            return
+        frees = self._take_frees(set()) if self.releasing and self.client is not None else []
+        if frees:
+            self._call("free", frees)
+        elif self.in_flight or self._deferred is not None:
+            failed = self._reap_async()
+            if failed is not None:
+                raise failed
 
     def _pending_writes(self, storage: Storage) -> bool:
         return any(storage in node.writes for node in self.pending)
@@ -309,42 +408,60 @@ class Runtime:
         keep.reverse()
         return keep
 
+    def _prepare_cut(self, nodes: list[Node], returned: list[Value], described: list[Value]) -> "_Cut":
+        """Lowers a cut, registers its graph if its structure is new, and builds the RunGraph's
+        arguments (input bindings, changed scalars, output specs with fresh handles, frees)."""
+        lowered = lower(nodes, [v for v in returned if v.node is None])
+        _annotate_kv_cache(nodes)
+        self.connection()  # (re)connecting clears the graph cache: before consulting it
+        lifted, scalars, graph_id = self.graphs.prepare(lowered)
+        if graph_id is None:
+            graph_id = self._request("register_graph", encode(lowered, lifted))
+            self.graphs.remember(lowered, lifted, graph_id)
+        bindings = [(i, obj) for i, (kind, obj) in enumerate(lowered.inputs) if kind != "weight"]
+        frees = self._take_frees({obj for kind, obj in lowered.inputs if kind != "inline"})
+        specs, spec_values, kept = _output_specs(nodes, lowered.value_ids, returned, described)
+        return _Cut((graph_id, bindings, scalars, specs, frees), spec_values, kept)
+
     def _execute(self, returned: list[Value], described: list[Value]) -> tuple[dict, dict]:
         self._drain_dead()
         wanted = {id(v) for v in returned} | {id(v) for v in described}
         nodes = self._live_nodes(wanted)
         pending, self.pending = self.pending, []
         try:
-            lowered = lower(nodes, [v for v in returned if v.node is None])
-            _annotate_kv_cache(nodes)
-            client = self.connection()
-            lifted, scalars, graph_id = self.graphs.prepare(lowered)
-            if graph_id is None:
-                graph_id = self._call("register_graph", encode(lowered, lifted))
-                self.graphs.remember(lowered, lifted, graph_id)
-            bindings = [(i, obj) for i, (kind, obj) in enumerate(lowered.inputs) if kind != "weight"]
-            frees = self._take_frees({obj for kind, obj in lowered.inputs if kind != "inline"})
-            specs, spec_values, kept = _output_specs(nodes, lowered.value_ids, returned, described)
-            results = self._call("run_graph", graph_id, bindings, scalars, specs, frees)
-            del client
+            cut = self._prepare_cut(nodes, returned, described)
+            results = self._request("run_graph", *cut.request)
         except GenieConnectionError:
             raise
         except BaseException as error:
+            failed = self._reap_async()
+            if failed is not None:
+                # An earlier asynchronous run failed (likely the cause: this cut may read
+                # what it would have made): report that one; this cut is lost with it.
+                self._after_failure([], pending, failed)
+                raise failed from error
             self.pending = self._after_failure(nodes, pending, error)
             raise
-        for node in pending:
-            for v in node.outputs:
-                v.node = None
-        for v, handle, residency in kept:
-            v.handle = handle
-            v.residency = residency
+        self._release_unneeded(pending)
+        cut.keep()
+        failed = self._reap_async([v for v, _, _ in cut.kept])
+        if failed is not None:
+            raise failed
         out_returned, out_described = {}, {}
-        for (_, action, _, _), v, result in zip(specs, spec_values, results):
+        for (_, action, _, _), v, result in zip(cut.request[3], cut.spec_values, results):
             if action in (RETURN, RETURN_AND_KEEP):
                 out_returned[id(v)] = result
             elif action == KEEP_AND_DESCRIBE:
                 out_described[id(v)] = result
         return out_returned, out_described
+
+    @staticmethod
+    def _release_unneeded(pending: list[Node]) -> None:
+        """After a cut ran (or was sent): its values no longer have a pending producer; values
+        of nodes the cut left out were never needed (dead) and stay without a handle."""
+        for node in pending:
+            for v in node.outputs:
+                v.node = None
 
     @staticmethod
     def _after_failure(nodes: list[Node], pending: list[Node], error: BaseException) -> list[Node]:
@@ -381,7 +498,7 @@ class Runtime:
 
     def counters(self) -> dict:
         if self.client is None:
-            return {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0}
+            return {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0}
         return self.client.counters()
 
     def close(self) -> None:
@@ -392,6 +509,47 @@ class Runtime:
                 pass
             self.client.close()
             self.client = None
+
+
+ASYNC_CHUNK = 256  # nodes per asynchronous run, where they pay (see async_chunk_for)
+
+
+def async_chunk_for(device: str, address: str) -> int:
+    """Nodes per asynchronous run for a node with `device` at `address` ("host:port"):
+    `GENIE_ASYNC_CHUNK` if set, else 0 (off) for a CPU node on this host, else ASYNC_CHUNK.
+
+    Why off there: a CPU node on the same host computes on the cores the program records on.
+    On the 2-core development VM, asynchronous runs doubled the recording time of a GPT-2
+    decode step (15-17 -> 30-42 ms) and made the step no shorter; with client and node pinned
+    to separate cores they made it 10-13% shorter (docs/perf/models.md, session 5). A GPU
+    node, or a node on another host, computes beside the program."""
+    env = os.environ.get("GENIE_ASYNC_CHUNK")
+    if env is not None:
+        return max(int(env), 0)
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    return 0 if device == "cpu" and loopback else ASYNC_CHUNK
+
+
+class _Cut:
+    """A prepared cut: the RunGraph arguments (graph_id, bindings, scalars, specs, frees), the
+    Value of each output spec, and the (value, handle, residency) it keeps resident."""
+
+    __slots__ = ("request", "spec_values", "kept")
+
+    def __init__(self, request: tuple, spec_values: list[Value], kept: list[tuple]) -> None:
+        self.request = request
+        self.spec_values = spec_values
+        self.kept = kept
+
+    def keep(self) -> None:
+        """The run was sent (and succeeded, or is asynchronous): kept values get their handles."""
+        for v, handle, residency in self.kept:
+            v.handle = handle
+            v.residency = residency
 
 
 def _output_specs(nodes: list[Node], value_ids: dict[int, int], returned: list[Value], described: list[Value]):
@@ -424,6 +582,7 @@ _ALIAS = torch.ops.aten.alias.default
 _COPY = torch.ops.aten.copy_.default
 
 _SDPA = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
+_CACHE_WRITE_GRACE = 64  # nodes an asynchronous cut may wait for attention to read a KV-cache write
 _CACHE_WRITERS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.index_copy_.default,
                             torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default})
 

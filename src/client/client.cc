@@ -42,6 +42,7 @@ struct Pending {
   Status status;
   std::vector<std::byte> header;  // 16-byte aligned by the allocator: verifiable in place
   PayloadBuffer payload;
+  bool async = false;  // sent by runGraphAsync: nobody waits; the reply only reports a failure
 
   void finish(Status s) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -71,8 +72,14 @@ struct Client::Impl {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> messages_sent{0};
   std::atomic<uint64_t> round_trips{0};
+  std::atomic<uint64_t> async_runs{0};
   std::mutex pending_mutex;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending;
+  // Asynchronous runs (runGraphAsync): how many await their reply, and the failures not yet
+  // taken; both under pending_mutex. async_done is notified when async_in_flight drops.
+  size_t async_in_flight = 0;
+  std::vector<AsyncFailure> async_failures;
+  std::condition_variable async_done;
   RemoteError last_error;
   bool closed = false;
 
@@ -104,6 +111,7 @@ struct Client::Impl {
       }
       return;
     }
+    if (waiting->async) return finishAsync(msg->request_id(), *msg);
     waiting->header.assign(message.header().begin(), message.header().end());
     if (message.payloadSize() == 0) return waiting->finish(Status::ok());
     try {
@@ -144,7 +152,42 @@ struct Client::Impl {
       std::lock_guard<std::mutex> lock(pending_mutex);
       failed.swap(pending);
     }
-    for (auto& [id, waiting] : failed) waiting->finish(status);
+    for (auto& [id, waiting] : failed) {
+      if (waiting->async) {
+        recordAsyncFailure({id, status, {}});
+      } else {
+        waiting->finish(status);
+      }
+    }
+  }
+
+  /// The reply to an asynchronous run (already taken out of `pending`): a RunResult, or an
+  /// Error that is kept for takeAsyncFailures().
+  void finishAsync(uint64_t id, const wire::Message& msg) {
+    if (msg.body_type() == wire::Body::RunResult) return recordAsyncFailure({id, Status::ok(), {}});
+    if (msg.body_type() != wire::Body::Error) {
+      return recordAsyncFailure({id, GENIE_ERROR(kInvalidMessage, "genie-node {} answered a RunGraph with {}", peer,
+                                                 wire::bodyName(msg.body_type())), {}});
+    }
+    const wire::Error* error = msg.body_as_Error();
+    RemoteError remote{error->code(), error->op_index(), std::string(wire::stringOf(error->op_name())),
+                       std::string(wire::stringOf(error->message()))};
+    recordAsyncFailure({id, remoteStatus(remote), std::move(remote)});
+  }
+
+  /// One asynchronous run answered: kept when `failure.status` is an error.
+  void recordAsyncFailure(AsyncFailure failure) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    if (!failure.status) async_failures.push_back(std::move(failure));
+    if (async_in_flight > 0) --async_in_flight;
+    async_done.notify_all();
+  }
+
+  /// "<ErrorCode> [op <index> (<op name>)]: <node's message>" as kRemote.
+  static Status remoteStatus(const RemoteError& error) {
+    std::string where = error.op_index >= 0 ? fmt::format(" op {} ({})", error.op_index, error.op_name) : std::string();
+    return Status(StatusCode::kRemote, fmt::format("{}{}: {}", wire::errorCodeName(error.code), where, error.message),
+                  __FILE__, __LINE__);
   }
 
   /// Sends a message that gets no reply; `header` is copied by the transport.
@@ -201,12 +244,7 @@ struct Client::Impl {
       const wire::Error* error = msg->body_as_Error();
       last_error = {error->code(), error->op_index(), std::string(wire::stringOf(error->op_name())),
                     std::string(wire::stringOf(error->message()))};
-      std::string where = error->op_index() >= 0
-                              ? fmt::format(" op {} ({})", error->op_index(), wire::stringOf(error->op_name()))
-                              : std::string();
-      return Status(StatusCode::kRemote,
-                    fmt::format("{}{}: {}", wire::errorCodeName(error->code()), where, wire::stringOf(error->message())),
-                    __FILE__, __LINE__);
+      return remoteStatus(last_error);
     }
     return reply;
   }
@@ -332,7 +370,7 @@ const std::string& Client::address() const { return impl_->peer; }
 
 ClientCounters Client::counters() const {
   return {impl_->bytes_sent.load(), impl_->bytes_received.load(), impl_->messages_sent.load(),
-          impl_->round_trips.load()};
+          impl_->round_trips.load(), impl_->async_runs.load()};
 }
 const RemoteError& Client::lastRemoteError() const { return impl_->last_error; }
 
@@ -411,6 +449,77 @@ Result<RunReply> Client::runGraphReply(const wire::RunGraphArgs& run, std::span<
   out.exec_us = result->exec_us();
   out.outputs = Impl::batchOf(*reply, result->outputs());
   return out;
+}
+
+Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload) {
+  for (const wire::OutputSpecArgs& spec : run.outputs) {
+    if (spec.action != wire::OutputAction::KeepResident) {
+      return GENIE_ERROR(kInvalidArgument, "an asynchronous RunGraph can only keep its outputs resident, not {} them",
+                         wire::EnumNameOutputAction(spec.action));
+    }
+  }
+  Impl& impl = *impl_;
+  if (impl.closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", impl.peer);
+  if (!impl.endpoint->isConnected()) {
+    return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", impl.peer, impl.endpoint->error().message());
+  }
+  const uint64_t id = impl.next_request++;
+  auto header = wire::buildRunGraph(id, run);
+  if (!header) return header.status();
+  auto waiting = std::make_shared<Pending>();
+  waiting->async = true;
+  {
+    std::lock_guard<std::mutex> lock(impl.pending_mutex);
+    impl.pending.emplace(id, waiting);
+    ++impl.async_in_flight;
+  }
+  impl.bytes_sent += header->size() + inline_payload.size();
+  ++impl.messages_sent;
+  ++impl.async_runs;
+  // The payload must outlive the send: a copy travels with the completion callback.
+  auto payload = std::make_shared<std::vector<std::byte>>(inline_payload.begin(), inline_payload.end());
+  impl.endpoint->send(wire::bytesOf(*header), {payload->data(), payload->size()}, [&impl, id, payload](Status s) {
+    if (s) return;
+    // Not sent: no reply will come. Whoever takes the request out of `pending` reports it
+    // (here, or failPending when the connection failed first).
+    std::shared_ptr<Pending> unsent;
+    {
+      std::lock_guard<std::mutex> lock(impl.pending_mutex);
+      auto it = impl.pending.find(id);
+      if (it == impl.pending.end()) return;
+      unsent = std::move(it->second);
+      impl.pending.erase(it);
+    }
+    impl.recordAsyncFailure({id, std::move(s), {}});
+  });
+  return id;
+}
+
+std::vector<AsyncFailure> Client::takeAsyncFailures(bool wait) {
+  Impl& impl = *impl_;
+  std::unique_lock<std::mutex> lock(impl.pending_mutex);
+  if (wait && impl.async_in_flight > 0 &&
+      !impl.async_done.wait_for(lock, impl.options.timeout, [&] { return impl.async_in_flight == 0; })) {
+    for (auto it = impl.pending.begin(); it != impl.pending.end();) {
+      if (!it->second->async) {
+        ++it;
+        continue;
+      }
+      impl.async_failures.push_back(
+          {it->first, GENIE_ERROR(kTimeout, "genie-node {} did not answer an asynchronous RunGraph in {} ms",
+                                  impl.peer, impl.options.timeout.count()), {}});
+      it = impl.pending.erase(it);
+    }
+    impl.async_in_flight = 0;
+  }
+  std::vector<AsyncFailure> out;
+  out.swap(impl.async_failures);
+  return out;
+}
+
+size_t Client::asyncInFlight() const {
+  std::lock_guard<std::mutex> lock(impl_->pending_mutex);
+  return impl_->async_in_flight;
 }
 
 Result<wire::StatsArgs> Client::stats() {

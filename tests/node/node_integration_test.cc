@@ -261,6 +261,88 @@ TEST(NodeIntegration, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
   EXPECT_TRUE(at::equal(tensorOf((*good)[0]), at::relu(at::mm(x, w) + b)));
 }
 
+TEST(NodeIntegration, AsynchronousRunsKeepTheirOutputsAndReportFailuresLater) {
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  auto [graph, relu] = registerChain(*client);
+  at::manual_seed(1);
+  at::Tensor x = at::randn({4, 8}), w = at::randn({8, 16}), b = at::randn({16}), x_bad = at::randn({4, 7});
+  wire::Handle hw = Client::newHandle(), hb = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
+  ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
+  auto runOf = [&, graph = graph, relu = relu](const at::Tensor& input, wire::Handle keep_as) {
+    wire::RunGraphArgs run;
+    run.graph_id = graph;
+    wire::TensorSlotArgs inline_x;
+    inline_x.desc = descOf(input);
+    run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+    run.outputs = {{relu, wire::OutputAction::KeepResident, keep_as, wire::Residency::EphemeralActivation}};
+    return run;
+  };
+  const auto before = client->counters();
+  wire::Handle good = Client::newHandle(), bad = Client::newHandle(), after = Client::newHandle();
+  auto first = client->runGraphAsync(runOf(x, good), bytesOf(x));
+  auto failing = client->runGraphAsync(runOf(x_bad, bad), bytesOf(x_bad));  // mm of [4,7] and [8,16]
+  auto third = client->runGraphAsync(runOf(x * 2, after), bytesOf(at::Tensor(x * 2)));
+  ASSERT_TRUE(first.isOk() && failing.isOk() && third.isOk()) << failing.status().toString();
+  EXPECT_EQ(client->counters().round_trips, before.round_trips);  // nothing waited
+  EXPECT_EQ(client->counters().async_runs, before.async_runs + 3);
+
+  // A request that waits is answered after the runs sent before it (one session runs in order).
+  auto kept = client->getTensor(good);
+  ASSERT_TRUE(kept.isOk()) << kept.status().toString();
+  EXPECT_TRUE(at::equal(tensorOf(*kept), at::relu(at::mm(x, w) + b)));
+  auto failures = client->takeAsyncFailures(/*wait=*/true);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].request_id, *failing);
+  EXPECT_EQ(failures[0].status.code(), StatusCode::kRemote);
+  EXPECT_EQ(failures[0].remote.code, wire::ErrorCode::TorchError);
+  EXPECT_EQ(failures[0].remote.op_name, "aten::mm.default");
+  EXPECT_NE(failures[0].status.message().find("aten::mm"), std::string::npos);
+  EXPECT_EQ(client->asyncInFlight(), 0u);
+  EXPECT_TRUE(client->takeAsyncFailures(true).empty());  // reported once
+  EXPECT_FALSE(client->getTensor(bad).isOk());  // a failed run keeps nothing
+  auto third_kept = client->getTensor(after);
+  ASSERT_TRUE(third_kept.isOk()) << third_kept.status().toString();
+  EXPECT_TRUE(at::equal(tensorOf(*third_kept), at::relu(at::mm(x * 2, w) + b)));
+
+  // Only KeepResident: an output that would come back needs a waiting request.
+  wire::RunGraphArgs returning = runOf(x, Client::newHandle());
+  returning.outputs[0].action = wire::OutputAction::ReturnAndKeep;
+  auto refused = client->runGraphAsync(returning, bytesOf(x));
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(NodeIntegration, AsynchronousRunsFailWhenTheNodeDies) {
+  auto node = std::make_unique<NodeProcess>();
+  auto client = connectOrFail(node->port());
+  // (the node is killed below, before the runs are sent)
+  ASSERT_NE(client, nullptr);
+  auto [graph, relu] = registerChain(*client);
+  at::Tensor x = at::randn({4, 8}), w = at::randn({8, 16}), b = at::randn({16});
+  wire::Handle hw = Client::newHandle(), hb = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
+  ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
+  node->process().kill(SIGKILL);
+  node->process().wait(5s);
+  wire::RunGraphArgs run;
+  run.graph_id = graph;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(x);
+  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+  run.outputs = {{relu, wire::OutputAction::KeepResident, Client::newHandle(), wire::Residency::EphemeralActivation}};
+  auto start = std::chrono::steady_clock::now();
+  size_t sent = 0;
+  for (int i = 0; i < 3; ++i) sent += client->runGraphAsync(run, bytesOf(x)).isOk();
+  auto failures = client->takeAsyncFailures(/*wait=*/true);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(failures.size(), sent);  // every run that went out failed; none hangs
+  for (const auto& failure : failures) EXPECT_EQ(failure.status.code(), StatusCode::kPeerUnreachable);
+  EXPECT_EQ(client->asyncInFlight(), 0u);
+}
+
 TEST(NodeIntegration, SessionsCannotSeeEachOthersHandles) {
   NodeProcess node;
   auto alice = connectOrFail(node.port());

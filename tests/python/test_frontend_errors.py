@@ -66,13 +66,17 @@ def test_node_killed_mid_run():
     assert torch.equal(y.to(DEV).cpu(), y)  # the next call starts a new embedded node
 
 
-def test_node_killed_while_a_request_waits():
+@pytest.mark.parametrize("async_chunk", [0, 64], ids=["sync", "async-runs"])
+def test_node_killed_while_a_request_waits(async_chunk):
     # The node dies while the client waits for its reply (not before the request was sent):
     # the wait ends with GenieConnectionError once the connection's failure is detected
-    # (peer timeout ~1 s), not at the request timeout (60 s).
+    # (peer timeout ~1 s), not at the request timeout (60 s). With asynchronous runs, the
+    # node dies while it runs them (the read waits behind them).
     import threading
+    from genie.runtime import runtime_for
     x = torch.randn(1024, 1024).to(DEV)
     x.cpu()
+    runtime_for(torch.device(DEV)).async_chunk = async_chunk
     node = genie._session.session().embedded
     assert node is not None and node.alive()
     y = x

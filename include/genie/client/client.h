@@ -76,6 +76,14 @@ struct ClientCounters {
   uint64_t bytes_received = 0;  // every message received (replies and unsolicited messages)
   uint64_t messages_sent = 0;
   uint64_t round_trips = 0;     // requests that waited for a reply
+  uint64_t async_runs = 0;      // RunGraphs sent with runGraphAsync (their replies are not waited for)
+};
+
+/// A RunGraph sent with runGraphAsync that failed (see Client::takeAsyncFailures).
+struct AsyncFailure {
+  uint64_t request_id = 0;  // as runGraphAsync returned it
+  Status status;            // kRemote (the node's Error), kPeerUnreachable, kTimeout, kCancelled
+  RemoteError remote;       // the Error reply's parts (kRemote only)
 };
 
 struct ClientOptions {
@@ -122,6 +130,19 @@ class Client {
   /// The same, returning the whole reply: outputs without a copy, and the descriptors of
   /// KeepAndDescribe outputs.
   Result<RunReply> runGraphReply(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload = {});
+  /// Sends a RunGraph and returns at once, without waiting for its reply: no round trip, so
+  /// the caller goes on (recording the next ops) while the node runs it. The node runs one
+  /// session's requests in order, so any later request's reply comes after this run finished.
+  /// Outputs can only be kept resident (KeepResident): another action is kInvalidArgument.
+  /// `inline_payload` is copied. Returns the request id; a failure of the run is reported by
+  /// takeAsyncFailures(). Errors here: kInvalidArgument, kCancelled (closed), kPeerUnreachable.
+  Result<uint64_t> runGraphAsync(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload = {});
+  /// The asynchronous runs that failed since the last call, in the order they were answered.
+  /// With `wait`, first waits until every run sent so far has been answered (at most the
+  /// request timeout; runs still unanswered then are reported as kTimeout and forgotten).
+  std::vector<AsyncFailure> takeAsyncFailures(bool wait);
+  /// Asynchronous runs sent and not answered yet (any thread).
+  size_t asyncInFlight() const;
   Result<wire::StatsArgs> stats();
   Status ping();
   /// Traffic so far (any thread).

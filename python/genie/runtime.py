@@ -238,7 +238,7 @@ class Runtime:
         data = cpu.detach()
         if data.requires_grad or isinstance(data, torch.nn.Parameter):
             data = data.data
-        self._call("put", [(handle, data, residency)])
+        self._request("put", [(handle, data, residency)])  # no report of failed runs here: the handle would leak
         return Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
 
     def upload_tensor(self, cpu: torch.Tensor, residency: int):

@@ -97,3 +97,25 @@ def test_async_runs_are_off_for_a_cpu_node_on_this_host(monkeypatch):
     assert async_chunk_for("cpu", "10.0.0.2:7070") == ASYNC_CHUNK
     monkeypatch.setenv("GENIE_ASYNC_CHUNK", "64")
     assert async_chunk_for("cpu", "127.0.0.1:7070") == 64
+
+
+def test_an_op_the_node_lacks_is_reported_at_the_next_read(runtime):
+    # An operator the program has (with a Meta kernel, so capture infers its shape) and
+    # genie-node does not: its cut's registration fails while recording goes on; the error
+    # is raised at the next read, and the ops that do not depend on it are not lost.
+    lib = torch.library.Library("genie_async_test", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+    x = torch.arange(4.0).to(DEV)
+    x.cpu()
+    y = x + 1
+    bad = torch.ops.genie_async_test.twice(x)
+    for _ in range(40):  # the cut holding `twice` is sent while recording goes on
+        y = y + 1
+    assert runtime._deferred is not None  # the failed registration waits for the next read
+    with pytest.raises(GenieRemoteError) as info:
+        y.cpu()
+    assert info.value.code == "UnknownOp" and "twice" in info.value.op_name
+    with pytest.raises(GenieRemoteError, match="twice"):
+        bad.cpu()
+    assert y.cpu().tolist() == [41.0, 42.0, 43.0, 44.0]  # went back to the pending graph

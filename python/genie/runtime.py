@@ -20,9 +20,9 @@ One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` se
 Errors: a failed run marks the values it would have produced as lost (using one re-raises
 the error) and leaves everything else usable; a lost connection marks every value of the
 session lost, and the next use reconnects (or restarts the embedded node). A failed
-asynchronous run is reported at the next request that waits (as CUDA reports a kernel's error
-at the next synchronization): that request raises the run's GenieRemoteError (naming its op),
-and every value the run would have kept is lost.
+asynchronous run is reported at the next read or synchronization (as CUDA reports a kernel's
+error): it raises the run's GenieRemoteError (naming its op), and the values that run and
+every request sent after it would have kept are lost (`_reap_async`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 // The remote_accelerator device as PyTorch's PrivateUse1 backend: what c10 needs to accept
-// tensors and device guards on it. Genie's tensors on this device are LazyTensors (Python
+// tensors and device guards on it, and what ATen asks of an accelerator (its hooks: the
+// autograd engine runs a backward pass's ops for this device on a thread of its own once the
+// device reports a primary context). Genie's tensors on this device are LazyTensors (Python
 // wrapper subclasses, python/genie/lazy.py): they own no local memory, so there are no
-// streams or events to manage here; the guard only tracks the current device index.
+// streams, events, pointers or pinned memory to manage here; the guard only tracks the
+// current device index.
 #include <ATen/core/Tensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -37,6 +41,25 @@ struct RemoteAcceleratorGuardImpl final : c10::impl::DeviceGuardImplInterface {
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, RemoteAcceleratorGuardImpl);
+
+struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  /// Every device is usable at once: its node connects on first use (genie.init).
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    return device_index >= 0 && device_index < g_device_count.load();
+  }
+  at::Device getDeviceFromPtr(void* /*data*/) const override {
+    TORCH_CHECK(false, "remote_accelerator tensors have no local memory: no device owns a host pointer");
+  }
+};
+
+/// Registered when genie._C is loaded (PyTorch keeps the pointer for the process's life).
+const bool g_hooks_registered = [] {
+  static RemoteAcceleratorHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}();
 
 }  // namespace
 

@@ -65,10 +65,10 @@ class Encoder {
     }
     if (PyBool_Check(o)) return {Value::BoolValue, wire::CreateBoolValue(fbb_, o == Py_True).Union()};
     if (PyLong_Check(o)) return {Value::IntValue, wire::CreateIntValue(fbb_, intOf(v, place)).Union()};
-    if (PyFloat_Check(o)) return {Value::DoubleValue, wire::CreateDoubleValue(fbb_, PyFloat_AsDouble(o)).Union()};
+    if (PyFloat_Check(o)) return {Value::DoubleValue, wire::createDoubleValue(fbb_, PyFloat_AsDouble(o)).Union()};
     if (PyComplex_Check(o)) {
       return {Value::ComplexValue,
-              wire::CreateComplexValue(fbb_, PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o)).Union()};
+              wire::createComplexValue(fbb_, PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o)).Union()};
     }
     if (PyUnicode_Check(o)) {
       auto s = fbb_.CreateString(v.cast<std::string>());

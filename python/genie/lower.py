@@ -3,18 +3,22 @@
 `lower(nodes)` numbers values as the wire format does (graph inputs 0..n-1, then each node's
 outputs in order) and returns a `Lowered`: the graph's inputs (resident tensors by handle;
 weights baked into the graph as bound inputs; CPU constants carried inline), a structural
-`key` and the graph's ints in walk order.
+`key` and the graph's numbers (int arguments, int list elements, float arguments) in walk
+order.
 
 Graph reuse (DESIGN.md "a graph whose structure was seen before is run by id"): the key is the
-graph with every int argument replaced by a marker; weight handles are part of it, other
-inputs are not. `GraphCache` remembers, per key, the ints of the first graph seen and which
-positions have since changed; those positions become scalar inputs (`ScalarSlot`), so a decode
-loop whose sequence length grows by one each step registers its graph once or twice and then
-only sends the changed ints (RunGraph.scalars) and its input handles.
+graph with every such number replaced by a marker (INT or FLOAT); weight handles are part of
+it, other inputs are not. `GraphCache` remembers, per key, the numbers of the first graph seen
+and which positions have since changed; those positions become scalar inputs (`ScalarSlot`),
+so a decode loop whose sequence length grows by one each step, or an optimizer step whose
+bias correction and step size change every step (Adam), registers its graph once or twice
+and then only sends the changed numbers (RunGraph.scalars) and its input handles. Floats
+inside float lists stay literal (the wire's float lists have no scalar slots).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +34,16 @@ class _IntMarker:
 
 
 INT = _IntMarker()
+
+
+class _FloatMarker:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<float>"
+
+
+FLOAT = _FloatMarker()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +72,7 @@ class Lowered:
     `ops[i]` is node i's OpOverload (the key holds `id(op)`: hashing an OpOverload runs Python)."""
 
     key: tuple
-    ints: list[int]
+    numbers: list[int | float]  # the graph's liftable numbers in walk order (INT / FLOAT in the key)
     inputs: list[tuple[str, object]]
     value_ids: dict[int, int]  # id(Value) -> wire value id
     num_inputs: int
@@ -73,7 +87,7 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
     output_ids: dict[int, int] = {}  # id(Value) -> index among produced values
     inputs: list[tuple[str, object]] = []
     input_keys: list[tuple] = []
-    ints: list[int] = []
+    numbers: list[int | float] = []
     in_refs, out_refs = _INPUT_REFS, _OUTPUT_REFS
 
     def add_input(a) -> Ref:
@@ -108,8 +122,11 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
         if t is int:
             if in_float_list:
                 return a
-            ints.append(a)
+            numbers.append(a)
             return INT
+        if t is float and not in_float_list:
+            numbers.append(a)
+            return FLOAT
         if t is list or t is tuple:
             has_float = False
             for x in a:
@@ -142,20 +159,20 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
     value_ids = {k: i + n for k, i in output_ids.items()}
     value_ids.update(input_ids)
     key = (tuple(input_keys), tuple(entries))
-    return Lowered(key, ints, inputs, value_ids, n, ops)
+    return Lowered(key, numbers, inputs, value_ids, n, ops)
 
 
 @dataclass
 class _Family:
-    """Graphs of one structural key: the first ints seen and the positions that changed."""
+    """Graphs of one structural key: the first numbers seen and the positions that changed."""
 
-    base: list[int]
+    base: list[int | float]
     lifted: frozenset[int] = frozenset()
     ids: dict[frozenset[int], bytes] = field(default_factory=dict)
 
 
 class GraphCache:
-    """Registered graphs by structure; decides which ints travel as scalars.
+    """Registered graphs by structure; decides which numbers travel as scalars.
 
     `prepare(lowered)` returns (lifted positions, scalars to bind, graph id or None when the
     graph must be registered first with `encode(lowered, lifted)`; then `remember`).
@@ -173,19 +190,25 @@ class GraphCache:
     def prepare(self, lowered: Lowered) -> tuple[frozenset[int], list[tuple[int, int]], bytes | None]:
         family = self._families.get(lowered.key)
         if family is None:
-            family = _Family(list(lowered.ints))
+            family = _Family(list(lowered.numbers))
             self._families[lowered.key] = family
         else:
-            changed = {i for i, (a, b) in enumerate(zip(lowered.ints, family.base)) if a != b}
+            changed = {i for i, (a, b) in enumerate(zip(lowered.numbers, family.base)) if _differ(a, b)}
             if not changed <= family.lifted:
                 family.lifted = family.lifted | changed
         lifted = family.lifted
         positions = sorted(lifted)
-        scalars = [(slot, lowered.ints[pos]) for slot, pos in enumerate(positions)]
+        scalars = [(slot, lowered.numbers[pos]) for slot, pos in enumerate(positions)]
         return lifted, scalars, family.ids.get(lifted)
 
     def remember(self, lowered: Lowered, lifted: frozenset[int], graph_id: bytes) -> None:
         self._families[lowered.key].ids[lifted] = graph_id
+
+
+def _differ(a, b) -> bool:
+    """Whether a literal `b` cannot stand for `a`: unequal, or zeros of opposite sign (-0.0 ==
+    0.0, but 1 / -0.0 is -inf). NaN differs from itself, so a NaN position is lifted."""
+    return a != b or (a == 0 and type(a) is float and math.copysign(1.0, a) != math.copysign(1.0, b))
 
 
 def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
@@ -193,7 +216,7 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
     from . import _C
 
     slot_of = {pos: slot for slot, pos in enumerate(sorted(lifted))}
-    counter = iter(range(len(lowered.ints)))
+    counter = iter(range(len(lowered.numbers)))
 
     n = lowered.num_inputs
 
@@ -201,10 +224,10 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
         t = type(a)
         if t is Ref:
             return _C.TensorRef(n + a.index if a.output else a.index)
-        if a is INT:
+        if a is INT or a is FLOAT:
             pos = next(counter)
             slot = slot_of.get(pos)
-            return lowered.ints[pos] if slot is None else _C.ScalarSlot(slot)
+            return lowered.numbers[pos] if slot is None else _C.ScalarSlot(slot)
         if t is tuple:
             return [conv(x) for x in a]
         return a

@@ -1,6 +1,7 @@
 // Wire codec, building: one builder per message, so callers never assemble envelopes by
 // hand. See include/genie/wire/codec.h; verification is in codec.cc.
 #include <algorithm>
+#include <cmath>
 
 #include "genie/wire/codec.h"
 
@@ -65,7 +66,7 @@ flatbuffers::Offset<void> createScalar(flatbuffers::FlatBufferBuilder& fbb,
   }
   if (const auto* d = std::get_if<double>(&scalar.value)) {
     *type = Value::DoubleValue;
-    return CreateDoubleValue(fbb, *d).Union();
+    return createDoubleValue(fbb, *d).Union();
   }
   *type = Value::BoolValue;
   return CreateBoolValue(fbb, std::get<bool>(scalar.value)).Union();
@@ -272,6 +273,19 @@ flatbuffers::DetachedBuffer buildPong(uint64_t request_id, uint64_t timestamp_ns
 flatbuffers::DetachedBuffer buildGoodbye(uint64_t request_id, std::string_view reason) {
   flatbuffers::FlatBufferBuilder fbb;
   return finished(fbb, request_id, CreateGoodbye(fbb, createString(fbb, reason)));
+}
+
+flatbuffers::Offset<DoubleValue> createDoubleValue(flatbuffers::FlatBufferBuilder& fbb, double v) {
+  DoubleValueBuilder builder(fbb);
+  if (std::signbit(v) || v != 0.0) builder.fbb_.AddElement<double>(DoubleValue::VT_V, v);  // -0.0 too
+  return builder.Finish();
+}
+
+flatbuffers::Offset<ComplexValue> createComplexValue(flatbuffers::FlatBufferBuilder& fbb, double re, double im) {
+  ComplexValueBuilder builder(fbb);
+  if (std::signbit(im) || im != 0.0) builder.fbb_.AddElement<double>(ComplexValue::VT_IM, im);
+  if (std::signbit(re) || re != 0.0) builder.fbb_.AddElement<double>(ComplexValue::VT_RE, re);
+  return builder.Finish();
 }
 
 }  // namespace genie::wire

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstring>
 #include <unordered_map>
 
@@ -519,6 +520,26 @@ TEST(WireRoundTrip, RunGraph) {
   const Message* p = mustVerify(plain_buf.value());
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->body_as_RunGraph()->free(), nullptr);
+}
+
+TEST(WireRoundTrip, NegativeZeroKeepsItsSign) {
+  // FlatBuffers leaves out a field equal to its default, and -0.0 == 0.0: without
+  // createDoubleValue a changed scalar of -0.0 arrived as +0.0 (1 / x then has the wrong sign).
+  RunGraphArgs run;
+  run.graph_id = GraphId(3, 4);
+  run.scalars = {{0, -0.0}, {1, 0.0}};
+  auto buf = buildRunGraph(19, run);
+  ASSERT_TRUE(buf.isOk());
+  const Message* m = mustVerify(buf.value());
+  ASSERT_NE(m, nullptr);
+  const auto* scalars = m->body_as_RunGraph()->scalars();
+  ASSERT_EQ(scalars->size(), 2u);
+  EXPECT_TRUE(std::signbit(scalars->Get(0)->value_as_DoubleValue()->v()));
+  EXPECT_FALSE(std::signbit(scalars->Get(1)->value_as_DoubleValue()->v()));
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(createComplexValue(fbb, -0.0, -0.0));
+  const auto* c = flatbuffers::GetRoot<ComplexValue>(fbb.GetBufferPointer());
+  EXPECT_TRUE(std::signbit(c->re()) && std::signbit(c->im()));
 }
 
 TEST(WireRoundTrip, RunResult) {

@@ -209,6 +209,12 @@ Result<flatbuffers::Offset<TensorDesc>> createTensorDesc(
 Result<flatbuffers::Offset<TensorDesc>> createTensorDesc(flatbuffers::FlatBufferBuilder& fbb,
                                                          const TensorDescArgs& desc);
 
+/// A DoubleValue / ComplexValue that keeps the sign of a zero. FlatBuffers leaves out a scalar
+/// field equal to its default (0.0), and -0.0 == 0.0, so CreateDoubleValue(fbb, -0.0) reads
+/// back as +0.0 (and 1 / x changes sign). These write the field whenever it is not +0.0.
+flatbuffers::Offset<DoubleValue> createDoubleValue(flatbuffers::FlatBufferBuilder& fbb, double v);
+flatbuffers::Offset<ComplexValue> createComplexValue(flatbuffers::FlatBufferBuilder& fbb, double re, double im);
+
 /// A buffer the receiver reaches by UCX RMA; `rkey` from ucp_rkey_pack.
 struct RemoteBufferArgs {
   uint64_t address = 0;

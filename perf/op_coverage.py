@@ -16,11 +16,14 @@ Rules (also written into the report):
   none of whose samples touches the remote device (no tensor in the sample and no
   `device=` argument to redirect) is "n/a (not exercised remotely)";
 - a `device=` keyword argument naming the CPU is redirected to the remote device (factory ops);
-- random ops (names containing rand, normal, bernoulli, dropout, ...), ops returning
-  uninitialized memory (empty*) and samples whose CPU result changes with the seed (the
-  reference runs under seed 1234, again under 4321, and under 1, 2, 3 too when the OpInfo
-  wraps its op in wrapper_set_seed, which this harness turns into a plain call: dropout_p > 0,
-  fractional_max_pool, pca_lowrank) compare only shapes and dtypes;
+- random ops (names containing rand, normal, bernoulli, dropout, ...) and samples whose CPU
+  result changes with the seed (the reference runs under seed 1234, again under 4321, and
+  under 1, 2, 3 too when the OpInfo wraps its op in wrapper_set_seed, which this harness turns
+  into a plain call: dropout_p > 0, fractional_max_pool, pca_lowrank) run remotely under
+  torch.manual_seed(1234) as well, which seeds the node's generator: on a CPU node they must
+  equal the CPU reference exactly (the same generator algorithm); on another device (CUDA's
+  generator draws other numbers) they compare only shapes and dtypes, as do ops returning
+  uninitialized memory (empty*) everywhere;
 - when the remote call fails because PyTorch wants an argument on the host ("... to be on
   cpu", tensor_split's indices) it is retried with only the sample's input on the device;
 - tolerances: the largest float32 `toleranceOverride` among the OpInfo's decorators, else
@@ -55,6 +58,7 @@ TARGET = 0.95
 # Substrings of OpInfo names whose CPU results are random (or uninitialized memory).
 RANDOM_MARKERS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential",
                   "geometric", "cauchy", "poisson", "rrelu", "empty", "random", "fractional", "lowrank")
+UNINITIALIZED_MARKERS = ("empty",)  # their values are whatever the memory held: never compared
 
 
 # ---- loading op_db ----------------------------------------------------------------------------
@@ -162,6 +166,17 @@ def is_random(opinfo) -> bool:
     return any(m in name for m in RANDOM_MARKERS)
 
 
+def is_uninitialized(opinfo) -> bool:
+    name = row_name(opinfo).lower()
+    return any(m in name for m in UNINITIALIZED_MARKERS)
+
+
+def node_draws_like_the_cpu() -> bool:
+    """Whether remote_accelerator:0 is a CPU node: seeded the same, it draws the CPU's numbers."""
+    import genie
+    return genie.get_device(0).device == "cpu"
+
+
 def tolerances(opinfo):
     """(atol, rtol) for float32 from the OpInfo's toleranceOverride decorators, else None."""
     from torch.testing._internal.common_device_type import toleranceOverride
@@ -267,12 +282,17 @@ def categorize(error: BaseException, stage: str) -> str:
     return f"{type(error).__name__} outside genie"
 
 
-def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFAULT_TIMEOUT_S) -> dict:
+def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFAULT_TIMEOUT_S,
+               exact_random: bool | None = None) -> dict:
     """Runs one OpInfo row on the CPU and on the remote device. Returns a JSON-able dict:
     name, status ("pass", "fail", "n/a (...)"), and for failures the sample index, exception
-    type, one-line reason, category, stage."""
+    type, one-line reason, category, stage. `exact_random`: compare random results' values
+    (default: when the node is a CPU node, `node_draws_like_the_cpu`)."""
     import genie  # noqa: F401  (registers the device; the node starts on first use)
 
+    if exact_random is None:
+        exact_random = node_draws_like_the_cpu()
+    uninitialized = is_uninitialized(opinfo)
     result = {"name": row_name(opinfo), "op": opinfo.name, "variant": opinfo.variant_test_name,
               "random": is_random(opinfo), "samples_run": 0, "cpu_failed_samples": 0}
     start = time.perf_counter()
@@ -325,6 +345,7 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFA
                     if random and not result["random"]:
                         result["random_samples"] = result.get("random_samples", 0) + 1
                     stage = "remote"
+                    torch.manual_seed(1234)  # as the CPU reference's run: seeds the node's generator too
                     try:
                         actual = opinfo(r_input, *r_args, **r_kwargs)
                     except RuntimeError as error:
@@ -342,7 +363,7 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFA
                     actual = _map(actual, _to_cpu)
                     stage = "compare"
                     result["samples_run"] += 1
-                    compare(actual, expected, random, tol)
+                    compare(actual, expected, uninitialized or (random and not exact_random), tol)
             except Exception as error:  # noqa: BLE001 - every failure is recorded
                 failure = {"sample": index, "stage": stage, "exception": type(error).__name__,
                            "reason": _one_line(error), "category": categorize(error, stage),
@@ -439,10 +460,16 @@ def markdown(meta: dict, results: list[dict]) -> str:
         f"- Machine: {meta['machine']} (the embedded genie-node on loopback, executing on its CPU)",
         f"- torch {meta['torch']}; {t['tried']} op_db rows (OpInfo name + variant); wall time {meta['wall_s']:.0f} s",
         f"- Per op: float32 CPU samples, the first {meta['samples']} of each (an op passes when all of "
-        f"them pass); {meta['timeout_s']} s alarm per sample. Random ops and empty* "
-        "(names containing " + ", ".join(RANDOM_MARKERS) + ") and samples whose CPU result changes with "
-        "the seed (reference under seed 1234, rerun under 4321, and also 1, 2, 3 for OpInfos that "
-        "use wrapper_set_seed, which is disabled) compare shapes and dtypes only. "
+        f"them pass); {meta['timeout_s']} s alarm per sample. Random ops (names containing "
+        + ", ".join(m for m in RANDOM_MARKERS if m not in UNINITIALIZED_MARKERS) + ") and samples whose CPU "
+        "result changes with the seed (reference under seed 1234, rerun under 4321, and also 1, 2, 3 for "
+        "OpInfos that use wrapper_set_seed, which is disabled) run remotely under torch.manual_seed(1234) "
+        "too, which seeds the node's generator: "
+        + ("their values must equal the CPU reference (a CPU node draws with the CPU's generator). "
+           if meta.get("exact_random") else "they compare shapes and dtypes only (the node's generator is not "
+           "the CPU's). ")
+        + "Ops returning uninitialized memory (" + ", ".join(m + "*" for m in UNINITIALIZED_MARKERS)
+        + ") compare shapes and dtypes only. "
         "When PyTorch wants an argument on the host ('to be on cpu'), the sample is retried with "
         "only its input on the device. "
         "Tolerances: the OpInfo's largest float32 toleranceOverride, else assert_close's defaults; "
@@ -517,10 +544,11 @@ def main(argv=None) -> int:
     op_db = load_op_db()
     rows = select_ops(op_db, a.ops.split(",") if a.ops else None, a.limit)
     import genie  # noqa: F401
+    exact_random = node_draws_like_the_cpu()
     start = time.perf_counter()
     results = []
     for i, opinfo in enumerate(rows):
-        r = run_opinfo(opinfo, a.samples, a.timeout)
+        r = run_opinfo(opinfo, a.samples, a.timeout, exact_random)
         results.append(r)
         if not a.quiet:
             extra = f"  [{r['category']}] {r['reason']}" if r["status"] == "fail" else ""
@@ -532,7 +560,7 @@ def main(argv=None) -> int:
                             + (argv if argv is not None else sys.argv[1:])),
         "machine": machine(), "torch": torch.__version__, "python": platform.python_version(),
         "samples": a.samples, "timeout_s": a.timeout, "wall_s": round(wall, 1), "totals": totals(results),
-        "target": TARGET,
+        "target": TARGET, "exact_random": exact_random,
     }
     if a.more_samples_json:
         with open(a.more_samples_json) as f:

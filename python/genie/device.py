@@ -5,6 +5,7 @@
   `torch.device("remote_accelerator:0")` parses; `genie._C` registers its device guard;
 - `torch.remote_accelerator` (this module's device functions) via `torch._register_device_module`,
   and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
+- `genie::manual_seed`, the node's one operator of its own, which `torch.manual_seed` reaches;
 - PrivateUse1 kernels for the ops PyTorch calls with only a device to dispatch on:
   `aten::empty.memory_format` and `aten::empty_strided` (factories, `tensor.to(...)`, `module.to(...)`)
   record a pending value; `aten::_copy_from` (`torch.tensor(data, device=...)`) uploads.
@@ -19,6 +20,7 @@ import torch
 
 _registered = False
 _library = None
+_genie_library = torch.library.Library("genie", "DEF")  # noqa: TOR901 - the node's operators
 
 
 def _device_module() -> types.ModuleType:
@@ -30,9 +32,11 @@ def _device_module() -> types.ModuleType:
     module.set_device = lambda device: None  # remote_accelerator:0 is the default device index
     module.synchronize = api.synchronize
     module._is_in_bad_fork = lambda: False
-    # Random ops run on the node's generator: seeding here does not reach it (documented).
-    module.manual_seed = lambda seed: None
-    module.manual_seed_all = lambda seed: None
+    # Random ops draw from the node's generator; torch.manual_seed reaches it through
+    # manual_seed_all (genie::manual_seed). Its state cannot be read or set from here.
+    from .runtime import manual_seed_all
+    module.manual_seed = manual_seed_all  # one generator per node: the device's is the node's
+    module.manual_seed_all = manual_seed_all
     module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
     module.set_rng_state = lambda state, device=None: None
     return module
@@ -49,6 +53,9 @@ def register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     aten = torch.ops.aten
     _library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kernels for a new backend
+    # genie-node's own operator (src/node/executor.cc), so that graphs can name it; it only
+    # ever runs on the node.
+    _genie_library.define("manual_seed(Device device, int seed) -> ()")
     _library.impl("empty.memory_format", lambda *a, **k: record_factory(aten.empty.memory_format, a, k), "PrivateUse1")
     _library.impl("empty_strided", lambda *a, **k: record_factory(aten.empty_strided.default, a, k), "PrivateUse1")
     _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")

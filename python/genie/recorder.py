@@ -48,7 +48,10 @@ class OpInfo:
     arguments the op mutates. `tensor_returns` is False when the op returns Python scalars.
     `python_impl` is set for a Python custom op (`torch.library.custom_op`): genie-node runs
     C++ kernels only, so its Python implementation runs on the LazyTensors instead and the
-    aten ops it calls are recorded (see `_python_impl`).
+    aten ops it calls are recorded (see `_python_impl`). `seeded` ops draw from the device's
+    random generator (tag `nondeterministic_seeded`: randn's `normal_`, dropout, bernoulli):
+    they are recorded as writing the runtime's generator (`Runtime.rng`), so none is dropped
+    as dead and each draws in program order, as locally.
     """
 
     returns: tuple[tuple[str, int | str | None], ...]
@@ -56,6 +59,7 @@ class OpInfo:
     tensor_returns: bool
     list_return: bool
     python_impl: Any = None
+    seeded: bool = False
 
 
 _op_infos: dict[Any, OpInfo] = {}
@@ -97,7 +101,8 @@ def op_info(func) -> OpInfo:
             continue
         arg = alias_to_arg.get(next(iter(alias.before_set)))
         returns.append(("write" if alias.is_write else "view", arg))
-    info = OpInfo(tuple(returns), tuple(writes), tensor_returns, list_return, _python_impl(func))
+    info = OpInfo(tuple(returns), tuple(writes), tensor_returns, list_return, _python_impl(func),
+                  torch.Tag.nondeterministic_seeded in func.tags)
     _op_infos[func] = info
     return info
 
@@ -196,7 +201,10 @@ def _record_form(a, call: _Call):
         call.key.append(a.type)
         return a
     if t is torch.Generator:
-        return None  # random ops use the node's generator
+        # Random ops draw from the node's generator (seeded by torch.manual_seed); a local
+        # generator cannot reach it. PyTorch's own error for a generator of another device:
+        raise RuntimeError(f"Expected a '{_PRIVATEUSE1}' device type for generator but found '{a.device.type}' "
+                           "(genie: random ops draw from the node's generator; seed it with torch.manual_seed)")
     if isinstance(a, torch.Tensor):
         if a.dim() == 0 and a.device.type == "cpu":
             call.key.append(("cpu0", a.dtype))
@@ -368,7 +376,7 @@ _plans: dict[tuple, _Plan] = {}
 
 def _plan_for(info: OpInfo, structure, descs: list) -> _Plan:
     single = None
-    if structure == "T" and not info.writes and not info.list_return:
+    if structure == "T" and not info.writes and not info.list_return and not info.seeded:
         kind, where = info.returns[0] if info.returns else ("new", None)
         desc = descs[0]
         if kind == "new" or (kind == "view" and isinstance(where, int)):
@@ -433,6 +441,8 @@ def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> tuple[Storage,
 
 def _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, num_outputs: int) -> Node:
     writes = _written_storages(info, args, kwargs) if info.writes else ()
+    if info.seeded:
+        writes += (runtime.rng,)
     node = Node(func, rec_args, rec_kwargs, num_outputs, writes)
     runtime.record(node)
     return node

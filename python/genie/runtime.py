@@ -74,11 +74,15 @@ class Runtime:
         self._weights: dict[tuple, weakref.ref] = {}  # host bytes of uploaded weights -> their value
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
+        self.rng = Storage()  # the node's random generator: written by seeding and seeded ops
+        self.rng.live = 1  # always live: its writers are never dropped as dead
         self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
         self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
         self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
         self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
+        if _seed is not None:
+            self.manual_seed(_seed)
 
     # ---- connection ---------------------------------------------------------------------
 
@@ -231,6 +235,19 @@ class Runtime:
         self._release_unneeded(pending)
         cut.keep()
         self.in_flight[request_id] = [v for v, _, _ in cut.kept]
+
+    def manual_seed(self, seed: int) -> None:
+        """Seeds the node's generator (`genie::manual_seed`), in program order with the random
+        ops around it. `seed` as torch.manual_seed takes it (negative: 0xffff_ffff_ffff_ffff + seed)."""
+        seed = int(seed)
+        if seed < 0:
+            seed += 0xFFFF_FFFF_FFFF_FFFF
+        if not 0 <= seed <= 0xFFFF_FFFF_FFFF_FFFF:
+            raise RuntimeError(f"manual_seed: seed {seed} is out of range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]")
+        bits = seed - (1 << 64) if seed >= 1 << 63 else seed  # the uint64's bits as int64 (the schema's int)
+        node = Node(_manual_seed_op(), (self.device, bits), {}, 0, writes=(self.rng,))
+        node.outputs = ()
+        self.record(node)
 
     def upload(self, cpu: torch.Tensor, residency: int, storage: Storage | None = None) -> Value:
         """Puts a host tensor on the node now (one PutTensors); returns its resident value."""
@@ -613,6 +630,19 @@ def _annotate_kv_cache(nodes: list[Node]) -> None:
 
 
 _runtimes: dict[int, Runtime] = {}
+_seed: int | None = None  # the last torch.manual_seed: runtimes made later start with it
+
+
+def _manual_seed_op():
+    return torch.ops.genie.manual_seed.default  # defined by genie.device.register()
+
+
+def manual_seed_all(seed: int) -> None:
+    """torch.manual_seed(seed) for every remote device (`torch.remote_accelerator.manual_seed_all`)."""
+    global _seed
+    _seed = int(seed)
+    for runtime in _runtimes.values():
+        runtime.manual_seed(_seed)
 
 
 def runtime_for(device: torch.device) -> Runtime:

@@ -8,8 +8,26 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/library.h>
 
+#include <mutex>
 #include <optional>
+
+// The one operator genie-node adds to the dispatcher; graphs name it like any aten op and the
+// executor runs it the same way (boxed, its Device argument rewritten to the node's device).
+//
+// genie::manual_seed(Device device, int seed) -> ()
+//   Seeds the default generator of `device` (the node's), as torch.manual_seed does locally:
+//   the clients' torch.manual_seed reaches it (python/genie/runtime.py Runtime.manual_seed).
+//   `seed` is the uint64 seed's bits as int64. The generator is the node's: sessions that
+//   draw random numbers concurrently share it, as threads of one process share theirs.
+TORCH_LIBRARY(genie, m) {
+  m.def("manual_seed(Device device, int seed) -> ()", [](c10::Device device, int64_t seed) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(static_cast<uint64_t>(seed));
+  });
+}
 
 namespace genie::node {
 

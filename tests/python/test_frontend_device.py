@@ -1,5 +1,6 @@
 """The remote_accelerator device as PyTorch sees it (seed 003 in spirit)."""
 
+import pytest
 import torch
 
 import genie
@@ -78,3 +79,35 @@ def test_first_device_use_freezes_the_gc_heap():
         assert gc.get_freeze_count() == 0
     else:
         assert gc.get_freeze_count() > 10_000
+
+
+def test_manual_seed_reaches_the_node():
+    # torch.manual_seed seeds the node's generator (genie::manual_seed) in program order; a
+    # random op whose result is never read still draws, as locally. The embedded node is a CPU
+    # node: its generator is the same algorithm as the local one, so the draws are equal.
+    def draws(device):
+        torch.manual_seed(123)
+        torch.rand(3, device=device)
+        a = torch.randn(4, 4, device=device)
+        mask = torch.nn.functional.dropout(torch.ones(64, device=device), 0.5)
+        b = torch.randn(2, device=device)
+        return [t.cpu() for t in (a, mask, b)]
+
+    local, remote = draws("cpu"), draws(DEV)
+    for expected, got in zip(local, remote):
+        assert torch.equal(got, expected)
+    torch.manual_seed(7)
+    first = torch.randn(5, device=DEV).cpu()
+    torch.manual_seed(7)
+    assert torch.equal(torch.randn(5, device=DEV).cpu(), first)
+    assert not torch.equal(torch.randn(5, device=DEV).cpu(), first)  # the generator moved on
+
+
+def test_a_local_generator_is_refused_not_ignored():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        torch.randn(3, device=DEV, generator=g)
+    x = torch.ones(3, device=DEV)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        x.normal_(generator=g)
+    assert x.cpu().tolist() == [1.0, 1.0, 1.0]  # nothing was recorded

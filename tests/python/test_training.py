@@ -1,6 +1,7 @@
 """Training on remote_accelerator: forward, backward (the autograd engine runs the backward ops
 for this device: genie._C registers the PrivateUse1 hooks it asks for), optimizer steps and
-gradient clipping record like any other ops, and the results equal the same training on CPU."""
+gradient clipping record like any other ops, and the results equal the same training on CPU,
+dropout included (torch.manual_seed reaches the node's generator)."""
 
 import math
 
@@ -16,7 +17,7 @@ def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10))
+        torch.nn.Flatten(), torch.nn.Dropout(0.25), torch.nn.Linear(8 * 4 * 4, 10))
 
 
 def _batch():
@@ -27,6 +28,7 @@ def _batch():
 def _train(device: str, make_optimizer, steps: int = 4):
     model = _model().to(device)
     optimizer = make_optimizer(model.parameters())
+    torch.manual_seed(2)  # the generator dropout draws from (the node's for the device) starts here
     x, y = (t.to(device) for t in _batch())
     losses = []
     for _ in range(steps):

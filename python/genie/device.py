@@ -61,12 +61,35 @@ def register() -> None:
     _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")
     # Composite ops kept whole: a PrivateUse1 kernel stops PyTorch from decomposing them before
     # __torch_dispatch__, so the node runs its fused kernel and the graph shows attention as such.
+    # A kernel for a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a
+    # differentiable path when autograd needs one.
     for name in _WHOLE_OPS:
         _library.impl(name, _never_called(name), "PrivateUse1")
+    _library.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
     _registered = True
 
 
 _WHOLE_OPS = ("scaled_dot_product_attention",)
+
+
+def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    """aten::scaled_dot_product_attention at the autograd level of remote_accelerator.
+
+    Without gradients (inference): below autograd, so the whole op is recorded and the node
+    runs its fused kernel. When a gradient must flow through it (grad mode on, an input that
+    requires grad): PyTorch's math decomposition (`aten::_scaled_dot_product_attention_math`:
+    matmuls, softmax, dropout), whose ops autograd differentiates and the node runs forward
+    and backward. The client cannot choose a fused kernel with a backward for the node's
+    device (CPU flash, CUDA flash or memory-efficient); the math path is correct on every
+    device, within float rounding of the fused kernels."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (query, key, value, attn_mask)):
+        return torch.ops.aten._scaled_dot_product_attention_math.default(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.scaled_dot_product_attention.default(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 def _never_called(name: str):

@@ -203,10 +203,12 @@ class Runtime:
         self.pending.append(node)
         if self.capture_log is not None:
             self.capture_log.append(node)
-        if node.op in _CACHE_WRITERS:
-            self._cache_write_open = True
-        elif node.op in _SDPA:
-            self._cache_write_open = False
+        if self.async_chunk:
+            op = id(node.op)  # ids: hashing an OpOverload runs Python code
+            if op in _CACHE_WRITERS:
+                self._cache_write_open = True
+            elif op in _SDPA:
+                self._cache_write_open = False
 
     def _execute_async(self) -> None:
         """Sends the live pending graph as an asynchronous run (no round trip): outputs a live
@@ -277,7 +279,7 @@ class Runtime:
         elif src.requires_grad:
             data = src.detach()
         value = dst._cell.value
-        fresh = (value.node is not None and value.node.op in _FRESH_OPS and value.tensors == 1
+        fresh = (value.node is not None and id(value.node.op) in _FRESH_OPS and value.tensors == 1
                  and value.storage.live == 1 and dst.storage_offset() == 0)
         inline = residency != WEIGHT and data.numel() * data.element_size() <= self.inline_max_bytes
         if fresh and self.pending and self.pending[-1] is value.node:
@@ -594,14 +596,15 @@ def _output_specs(nodes: list[Node], value_ids: dict[int, int], returned: list[V
     return specs, values, kept
 
 
-_FRESH_OPS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default})
+# Op sets hold ids (`id(node.op) in ...`): hashing an OpOverload runs Python code.
+_FRESH_OPS = frozenset(map(id, (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default)))
 _ALIAS = torch.ops.aten.alias.default
 _COPY = torch.ops.aten.copy_.default
 
-_SDPA = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
+_SDPA = frozenset({id(torch.ops.aten.scaled_dot_product_attention.default)})
 _CACHE_WRITE_GRACE = 64  # nodes an asynchronous cut may wait for attention to read a KV-cache write
-_CACHE_WRITERS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.index_copy_.default,
-                            torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default})
+_CACHE_WRITERS = frozenset(map(id, (torch.ops.aten.cat.default, torch.ops.aten.index_copy_.default,
+                                     torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)))
 
 
 def _annotate_kv_cache(nodes: list[Node]) -> None:
@@ -612,7 +615,7 @@ def _annotate_kv_cache(nodes: list[Node]) -> None:
     contiguous, ...), its source is the cat's output.
     """
     for node in nodes:
-        if node.op not in _SDPA:
+        if id(node.op) not in _SDPA:
             continue
         for arg in node.args[1:3]:
             v = arg
@@ -620,7 +623,7 @@ def _annotate_kv_cache(nodes: list[Node]) -> None:
                 if type(v) is not Value or v.node is None:
                     break
                 producer = v.node
-                if producer.op in _CACHE_WRITERS:
+                if id(producer.op) in _CACHE_WRITERS:
                     v.residency = KV_CACHE
                     break
                 inputs = list(producer.inputs())

@@ -32,6 +32,10 @@ def _device_module() -> types.ModuleType:
     module.set_device = lambda device: None  # remote_accelerator:0 is the default device index
     module.synchronize = api.synchronize
     module._is_in_bad_fork = lambda: False
+    # torch.autocast("remote_accelerator", dtype=...): PyTorch's AutocastPrivateUse1 policy casts
+    # the inputs of matmuls and convolutions; the casts are recorded like any op.
+    module.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    module.is_bf16_supported = lambda including_emulation=True: True
     # Random ops draw from the node's generator; torch.manual_seed reaches it through
     # manual_seed_all (genie::manual_seed). Its state cannot be read or set from here.
     from .runtime import manual_seed_all

@@ -100,8 +100,39 @@ class LazyTensor(torch.Tensor):
         text = repr(self.cpu())
         return text[:-1] + f", device='{self.device}')"
 
+    @property
+    def data(self) -> "LazyTensor":
+        """The same value, outside autograd (as `Tensor.data`)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, new: "LazyTensor") -> None:
+        """`tensor.data = new`: the wrapper takes `new`'s dtype, shape and strides and holds its
+        value (Module.half(), Module.to(dtype), Module.float() on a module already on the
+        device do this to each parameter). Raises TypeError for a tensor of another device."""
+        if type(new) is not LazyTensor or new._runtime is not self._runtime:
+            raise TypeError(f"data: cannot give a tensor on {self.device} the data of a tensor on {new.device}")
+        torch._C.TensorBase.data.__set__(self, new)  # the wrapper's metadata
+        self._desc = new._desc
+        self._runtime.assign(self, new._cell.value)
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy (of a module, say): a copy on the same device (a recorded clone)."""
+        found = memo.get(id(self))
+        if found is not None:
+            return found
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        new.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            new._is_param = True  # nn.Parameter of a tensor subclass (Parameter.__new__)
+        memo[id(self)] = new
+        return new
+
     def __reduce_ex__(self, protocol):
-        raise TypeError("a remote_accelerator tensor cannot be pickled; call .cpu() first")
+        """Pickling (torch.save of a state dict, say) saves the values as a CPU tensor: loading
+        gives CPU tensors, as torch.load(..., map_location="cpu") would."""
+        return self.detach().cpu().__reduce_ex__(protocol)
 
 
 from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor

@@ -192,6 +192,14 @@ class Runtime:
         tensor._cell.value = value
         value.tensors += 1
 
+    def assign(self, tensor, value: Value) -> None:
+        """`tensor.data = other` (other's value is `value`): `tensor` now holds `value`, which
+        may live in another storage (Module.half() and Module.to(dtype) convert parameters so)."""
+        old = tensor._cell.value
+        old.storage.live -= 1
+        value.storage.live += 1
+        self.rebind(tensor, value)
+
     def record(self, node: Node) -> None:
         n = len(self.pending)
         if n >= self.max_pending:

@@ -1,0 +1,84 @@
+"""What PyTorch programs do with a module once it is on the device: convert its dtype, copy it,
+save its state, run it under autocast. Each compared with the same on CPU."""
+
+import copy
+import io
+
+import pytest
+import torch
+
+import genie  # noqa: F401 - registers remote_accelerator
+
+DEV = "remote_accelerator:0"
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+X = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.half(), lambda m: m.to(torch.bfloat16)], ids=["half", "bfloat16"])
+def test_dtype_conversion_on_the_device(convert):
+    # Module.half() after .to(device) sets each parameter's .data to the converted tensor.
+    cpu = convert(_mlp())
+    dev = convert(_mlp().to(DEV))
+    p = next(dev.parameters())
+    assert p.dtype == next(cpu.parameters()).dtype and p.device.type == "remote_accelerator"
+    x = X.to(p.dtype)
+    assert torch.equal(dev(x.to(DEV)).cpu(), cpu(x))
+    dev.float()  # and back
+    assert torch.equal(dev(X.to(DEV)).cpu(), cpu.float()(X))
+
+
+def test_data_assignment_takes_the_other_value():
+    a = torch.arange(4.0).to(DEV)
+    b = torch.ones(2, 3, dtype=torch.float64).to(DEV)
+    a.data = b
+    assert a.shape == (2, 3) and a.dtype == torch.float64
+    assert torch.equal(a.cpu(), torch.ones(2, 3, dtype=torch.float64))
+    assert torch.equal(a.data.cpu(), a.cpu())
+    with pytest.raises(TypeError, match="data"):
+        a.data = torch.zeros(2)
+
+
+def test_deepcopy_of_a_module_is_independent():
+    model = _mlp().to(DEV)
+    twin = copy.deepcopy(model)
+    assert all(p.device.type == "remote_accelerator" for p in twin.parameters())
+    assert all(a is not b for a, b in zip(model.parameters(), twin.parameters()))
+    assert torch.equal(twin(X.to(DEV)).cpu(), model(X.to(DEV)).cpu())
+    with torch.no_grad():
+        next(twin.parameters()).add_(1.0)
+    assert torch.equal(model(X.to(DEV)).cpu(), _mlp()(X))  # the original did not change
+
+
+def test_state_dict_saves_as_cpu_tensors():
+    model = _mlp().to(DEV)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    expected = _mlp().state_dict()
+    assert loaded.keys() == expected.keys()
+    for name, tensor in loaded.items():
+        assert tensor.device.type == "cpu" and torch.equal(tensor, expected[name])
+    fresh = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEV)
+    fresh.load_state_dict(loaded)
+    assert torch.equal(fresh(X.to(DEV)).cpu(), _mlp()(X))
+
+
+def test_autocast_runs_matmuls_in_the_autocast_dtype():
+    model = torch.nn.Sequential(_mlp(), torch.nn.Softmax(-1)).to(DEV)
+    with torch.autocast("remote_accelerator", dtype=torch.bfloat16):
+        hidden = model[0][0](X.to(DEV))
+        out = model(X.to(DEV))
+        out.sum().backward()
+    assert hidden.dtype == torch.bfloat16  # linear: lower precision
+    assert out.dtype == torch.float32  # softmax: float32 (CUDA's policy)
+    reference = torch.nn.Sequential(_mlp(), torch.nn.Softmax(-1))(X)
+    torch.testing.assert_close(out.cpu(), reference, atol=2e-2, rtol=2e-2)  # bfloat16 matmuls
+    grad = model[0][0].weight.grad
+    assert grad.dtype == torch.float32 and grad.cpu().abs().sum() > 0

@@ -95,6 +95,28 @@ TEST_F(ExecutorTest, AttentionBlockMatchesEagerWithinTolerance) {
   EXPECT_TRUE(at::allclose(result, model.expected, /*rtol=*/1e-5, /*atol=*/1e-6));
 }
 
+TEST_F(ExecutorTest, GenieManualSeedSeedsTheDevicesGenerator) {
+  // genie::manual_seed (registered by the executor's translation unit) runs through the
+  // dispatcher like an aten op; its Device argument is rewritten to the executor's device.
+  GraphBuilder g;
+  g.op("genie::manual_seed", "", {Device("cuda", 3), I(42)}, 0);
+  uint32_t first = g.op("aten::randn", "", {Ints({3, 4})});
+  uint32_t second = g.op("aten::rand", "", {Ints({5})});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::manual_seed(7);  // moved away from the graph's seed: the run must reseed it
+  auto values = runOrFail(executor, *compiled.graph, {});
+  ASSERT_EQ(values.size(), 2u);
+  at::manual_seed(42);
+  at::Tensor expected_first = at::randn({3, 4});
+  at::Tensor expected_second = at::rand({5});
+  EXPECT_TRUE(at::equal(values[first], expected_first));
+  EXPECT_TRUE(at::equal(values[second], expected_second));
+  auto again = runOrFail(executor, *compiled.graph, {});  // the same draws: reseeded each run
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_TRUE(at::equal(again[first], expected_first));
+}
+
 TEST_F(ExecutorTest, OpsWithSeveralOutputs) {
   GraphBuilder g;
   uint32_t x = g.input(DType::Float32, {6, 5});

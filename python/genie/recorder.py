@@ -375,6 +375,10 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan_for(info: OpInfo, structure, descs: list) -> _Plan:
+    if not info.returns and info.tensor_returns:
+        # `-> ()` (in-place foreach ops, _amp_foreach_non_finite_check_and_unscale_): no outputs;
+        # the meta kernel's None is not an undefined-tensor output, which the node would count.
+        return _Plan(info, None, [], None)
     single = None
     if structure == "T" and not info.writes and not info.list_return and not info.seeded:
         kind, where = info.returns[0] if info.returns else ("new", None)
@@ -425,6 +429,8 @@ def record_op(func, args: tuple, kwargs: dict):
     info, descs = plan.info, plan.descs
     node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(descs))
     wrapped = _wrap_outputs(runtime, node, info, args, kwargs, descs)
+    if not descs:
+        return None
     return wrapped[0] if plan.structure == "T" else _rebuild(plan.structure, wrapped)
 
 

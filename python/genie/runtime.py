@@ -32,6 +32,7 @@ import os
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
@@ -71,7 +72,8 @@ class Runtime:
         self.pending: list[Node] = []
         self.dead: list[Value] = []
         self.releasing: list[Value] = []  # resident values no tensor holds: their handles get freed
-        self._weights: dict[tuple, weakref.ref] = {}  # host bytes of uploaded weights -> their value
+        # Host bytes of uploaded weights -> (a weak reference to their host storage, their value).
+        self._weights: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
         self.graphs = GraphCache()
         self.capture_log: list[Node] | None = None
         self.rng = Storage()  # the node's random generator: written by seeding and seeded ops
@@ -323,17 +325,24 @@ class Runtime:
     def _upload_weight_once(self, src: torch.Tensor, data: torch.Tensor, residency: int, storage: Storage) -> Value:
         """Uploads `data`; a weight whose host bytes were uploaded before (tied weights: GPT-2's
         lm_head and wte are one Parameter, moved once per module by `module.to`) gets the value
-        already resident, so it travels and occupies node memory once."""
+        already resident, so it travels and occupies node memory once.
+
+        The host bytes are named by their storage's address, offset, shape, strides, dtype and
+        version, and the entry holds a weak reference to that storage: once it is freed, a new
+        storage at the same address (the next model's weights) is not mistaken for it."""
         if residency != WEIGHT:
             return self.upload(data, residency, storage=storage)
-        key = (src.untyped_storage().data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(), src.dtype,
-               src._version)
-        ref = self._weights.get(key)
-        known = ref() if ref is not None else None
-        if known is not None and known.handle is not None and known.error is None:
-            return known
+        host = src.untyped_storage()
+        key = (host.data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(), src.dtype, src._version)
+        entry = self._weights.get(key)
+        if entry is not None and not entry[0].expired():
+            known = entry[1]()
+            if known is not None and known.handle is not None and known.error is None:
+                return known
         value = self.upload(data, residency, storage=storage)
-        self._weights[key] = weakref.ref(value)
+        if len(self._weights) >= 4096:  # forget the weights whose host storage or value is gone
+            self._weights = {k: e for k, e in self._weights.items() if not e[0].expired() and e[1]() is not None}
+        self._weights[key] = (StorageWeakRef(host), weakref.ref(value))
         return value
 
     # ---- materialization ----------------------------------------------------------------

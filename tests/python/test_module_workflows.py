@@ -82,3 +82,19 @@ def test_autocast_runs_matmuls_in_the_autocast_dtype():
     torch.testing.assert_close(out.cpu(), reference, atol=2e-2, rtol=2e-2)  # bfloat16 matmuls
     grad = model[0][0].weight.grad
     assert grad.dtype == torch.float32 and grad.cpu().abs().sum() > 0
+
+
+def test_a_new_model_is_not_mistaken_for_a_freed_one():
+    # Tied weights are uploaded once, recognized by their host storage. A model made after
+    # another was freed often gets the same host addresses: its weights must still be uploaded
+    # (before, the freed model's resident weights, changed on the node, were reused).
+    torch.manual_seed(0)
+    reference = [p.detach().clone() for p in _mlp().parameters()]
+    for attempt in range(12):
+        model = _mlp().to(DEV)
+        for got, expected in zip(model.parameters(), reference):
+            assert torch.equal(got.cpu(), expected), f"model {attempt}"
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # the node's copy now differs from any host bytes
+        model(X.to(DEV)).sum().item()

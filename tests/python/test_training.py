@@ -142,3 +142,49 @@ def test_gpt2_fine_tuning_equals_cpu():
     assert cpu_losses[-1] < cpu_losses[0]
     for name in cpu_state:  # attention's math path against the CPU's flash kernel: float rounding
         torch.testing.assert_close(dev_state[name], cpu_state[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _mlp_step(device, make_optimizer, *, scaler=None, checkpoint=False, scheduler=False, steps=3):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
+    optimizer = make_optimizer(model.parameters())
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5) if scheduler else None
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=False)  # in-place zeroing (aten::_foreach_zero_ or zero_)
+        hidden = (torch.utils.checkpoint.checkpoint(model[0], x, use_reentrant=False) if checkpoint
+                  else model[0](x))
+        loss = torch.nn.functional.cross_entropy(model[2](model[1](hidden)), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        if schedule is not None:
+            schedule.step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("case", [
+    dict(make_optimizer=lambda p: torch.optim.Adam(p, lr=0.01, fused=True)),
+    dict(make_optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True)),
+    dict(make_optimizer=lambda p: torch.optim.RMSprop(p, lr=0.01)),
+    dict(make_optimizer=lambda p: torch.optim.Adagrad(p, lr=0.01)),
+    dict(make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), scheduler=True),
+    dict(make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), checkpoint=True),
+    dict(make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), scaler=True),
+], ids=["adam-fused", "adamw-amsgrad", "rmsprop", "adagrad", "sgd-steplr", "checkpointing", "gradscaler"])
+def test_optimizers_schedulers_checkpointing_and_grad_scaling_equal_cpu(case):
+    # In-place foreach ops return nothing (`-> ()`: _foreach_zero_, _foreach_add_,
+    # _amp_foreach_non_finite_check_and_unscale_): recorded with no outputs.
+    case = dict(case)
+    if case.pop("scaler", False):
+        cpu = _mlp_step("cpu", scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), **case)
+        dev = _mlp_step(DEV, scaler=torch.amp.GradScaler("remote_accelerator", init_scale=1024.0), **case)
+    else:
+        cpu, dev = _mlp_step("cpu", **case), _mlp_step(DEV, **case)
+    for expected, got in zip(cpu, dev):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)

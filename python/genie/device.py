@@ -28,8 +28,10 @@ def _device_module() -> types.ModuleType:
     module = types.ModuleType("torch.remote_accelerator")
     module.is_available = lambda: True
     module.device_count = api.device_count
-    module.current_device = lambda: 0
-    module.set_device = lambda device: None  # remote_accelerator:0 is the default device index
+    module.current_device = lambda: _current[0]
+    module.set_device = _set_device
+    module.device = _DeviceContext  # `with torch.remote_accelerator.device(i):` (torch.utils.checkpoint)
+    module._initialized = True  # torch.utils.checkpoint then saves and restores this device's RNG state
     module.synchronize = api.synchronize
     module._is_in_bad_fork = lambda: False
     # torch.autocast("remote_accelerator", dtype=...): PyTorch's AutocastPrivateUse1 policy casts
@@ -37,13 +39,44 @@ def _device_module() -> types.ModuleType:
     module.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     module.is_bf16_supported = lambda including_emulation=True: True
     # Random ops draw from the node's generator; torch.manual_seed reaches it through
-    # manual_seed_all (genie::manual_seed). Its state cannot be read or set from here.
-    from .runtime import manual_seed_all
+    # manual_seed_all (genie::manual_seed), its state through get/set_rng_state.
+    from .runtime import manual_seed_all, runtime_for
     module.manual_seed = manual_seed_all  # one generator per node: the device's is the node's
     module.manual_seed_all = manual_seed_all
-    module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
-    module.set_rng_state = lambda state, device=None: None
+    module.get_rng_state = lambda device=None: runtime_for(_device_of(device)).get_rng_state()
+    module.set_rng_state = lambda state, device=None: runtime_for(_device_of(device)).set_rng_state(state)
     return module
+
+
+_current = [0]  # torch.remote_accelerator.current_device()
+
+
+def _set_device(device) -> None:
+    _current[0] = _device_of(device).index
+
+
+def _device_of(device) -> torch.device:
+    """`remote_accelerator:<i>` for None (the current device), an index, a string or a device."""
+    if device is None:
+        return torch.device("remote_accelerator", _current[0])
+    if isinstance(device, int):
+        return torch.device("remote_accelerator", device)
+    device = torch.device(device)
+    return torch.device("remote_accelerator", device.index if device.index is not None else _current[0])
+
+
+class _DeviceContext:
+    """`with torch.remote_accelerator.device(i):` makes i the current device inside."""
+
+    def __init__(self, device) -> None:
+        self.index = _device_of(device).index
+
+    def __enter__(self):
+        self.previous, _current[0] = _current[0], self.index
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _current[0] = self.previous
 
 
 def register() -> None:
@@ -60,6 +93,8 @@ def register() -> None:
     # genie-node's own operator (src/node/executor.cc), so that graphs can name it; it only
     # ever runs on the node.
     _genie_library.define("manual_seed(Device device, int seed) -> ()")
+    _genie_library.define("get_rng_state(Device device) -> Tensor")
+    _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")
     _library.impl("empty.memory_format", lambda *a, **k: record_factory(aten.empty.memory_format, a, k), "PrivateUse1")
     _library.impl("empty_strided", lambda *a, **k: record_factory(aten.empty_strided.default, a, k), "PrivateUse1")
     _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")

@@ -83,6 +83,7 @@ class Runtime:
         self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
         self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
+        self._rng_state_desc: tuple | None = None  # the node generator's state: (shape, strides, offset, dtype)
         if _seed is not None:
             self.manual_seed(_seed)
 
@@ -92,6 +93,7 @@ class Runtime:
         if self.client is None:
             self.client = self._connect()
             self.graphs.clear()
+            self._rng_state_desc = None
             self.async_chunk = async_chunk_for(self.client.device, self.client.address)
         return self.client
 
@@ -257,7 +259,35 @@ class Runtime:
         if not 0 <= seed <= 0xFFFF_FFFF_FFFF_FFFF:
             raise RuntimeError(f"manual_seed: seed {seed} is out of range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]")
         bits = seed - (1 << 64) if seed >= 1 << 63 else seed  # the uint64's bits as int64 (the schema's int)
-        node = Node(_manual_seed_op(), (self.device, bits), {}, 0, writes=(self.rng,))
+        node = Node(_genie_op("manual_seed"), (self.device, bits), {}, 0, writes=(self.rng,))
+        node.outputs = ()
+        self.record(node)
+
+    def get_rng_state(self):
+        """The node generator's state at this point of the program (`genie::get_rng_state`), as
+        a uint8 LazyTensor: recorded like a random op, in order. Its size is the node's
+        generator's, asked once per connection (one round trip); later calls record only."""
+        from .lazy import LazyTensor
+        node = Node(_genie_op("get_rng_state"), (self.device,), {}, 1, writes=(self.rng,))
+        value = Value(node, 0, Storage(), torch.uint8)
+        node.outputs = (value,)
+        self.record(node)
+        if self._rng_state_desc is None:
+            ((_, shape, strides, offset),) = self.describe([value])
+            self._rng_state_desc = (tuple(shape), tuple(strides), offset, torch.uint8)
+        return LazyTensor(self._rng_state_desc, value, self)
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restores the node generator's state (`genie::set_rng_state`), in program order:
+        `state` as get_rng_state returned it (on the device), or a host uint8 tensor."""
+        from .lazy import LazyTensor
+        if isinstance(state, LazyTensor):
+            if state._runtime is not self:
+                raise RuntimeError(f"set_rng_state: a state of {state.device} given to {self.device}")
+            arg = self.value_of(state)
+        else:
+            arg = Constant(state.detach().to(torch.uint8).contiguous().clone())
+        node = Node(_genie_op("set_rng_state"), (self.device, arg), {}, 0, writes=(self.rng,))
         node.outputs = ()
         self.record(node)
 
@@ -653,8 +683,9 @@ _runtimes: dict[int, Runtime] = {}
 _seed: int | None = None  # the last torch.manual_seed: runtimes made later start with it
 
 
-def _manual_seed_op():
-    return torch.ops.genie.manual_seed.default  # defined by genie.device.register()
+def _genie_op(name: str):
+    """genie-node's own operator `genie::<name>` (defined by genie.device.register())."""
+    return getattr(torch.ops.genie, name).default
 
 
 def manual_seed_all(seed: int) -> None:

@@ -13,19 +13,34 @@
 #include <mutex>
 #include <optional>
 
-// The one operator genie-node adds to the dispatcher; graphs name it like any aten op and the
-// executor runs it the same way (boxed, its Device argument rewritten to the node's device).
+// The operators genie-node adds to the dispatcher; graphs name them like any aten op and the
+// executor runs them the same way (boxed, their Device argument rewritten to the node's
+// device). They give the clients the node's random generator, which torch.manual_seed,
+// torch.get_rng_state and torch.set_rng_state reach locally (python/genie/runtime.py). The
+// generator is the node's: sessions that draw concurrently share it, as threads of one
+// process share theirs.
 //
 // genie::manual_seed(Device device, int seed) -> ()
-//   Seeds the default generator of `device` (the node's), as torch.manual_seed does locally:
-//   the clients' torch.manual_seed reaches it (python/genie/runtime.py Runtime.manual_seed).
-//   `seed` is the uint64 seed's bits as int64. The generator is the node's: sessions that
-//   draw random numbers concurrently share it, as threads of one process share theirs.
+//   Seeds the default generator of `device`; `seed` is the uint64 seed's bits as int64.
+// genie::get_rng_state(Device device) -> Tensor
+//   Its state: a CPU uint8 tensor (Generator::get_state).
+// genie::set_rng_state(Device device, Tensor state) -> ()
+//   Restores a state get_rng_state returned (torch.utils.checkpoint does, to replay dropout).
 TORCH_LIBRARY(genie, m) {
   m.def("manual_seed(Device device, int seed) -> ()", [](c10::Device device, int64_t seed) {
     at::Generator generator = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_current_seed(static_cast<uint64_t>(seed));
+  });
+  m.def("get_rng_state(Device device) -> Tensor", [](c10::Device device) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  });
+  m.def("set_rng_state(Device device, Tensor state) -> ()", [](c10::Device device, const at::Tensor& state) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state.to(at::kCPU));
   });
 }
 

@@ -188,3 +188,33 @@ def test_optimizers_schedulers_checkpointing_and_grad_scaling_equal_cpu(case):
         cpu, dev = _mlp_step("cpu", **case), _mlp_step(DEV, **case)
     for expected, got in zip(cpu, dev):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_checkpointing_replays_dropout_with_the_node_generator_state():
+    # torch.utils.checkpoint saves the device's RNG state before the forward and restores it
+    # for the recomputation (genie::get_rng_state / set_rng_state), so dropout draws the same
+    # mask twice and the gradients equal CPU's.
+    def grads(device):
+        torch.manual_seed(0)
+        layer = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.5), torch.nn.Linear(64, 4)).to(device)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(device)
+        torch.manual_seed(5)
+        out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        out.square().sum().backward()
+        return [p.grad.cpu() for p in layer.parameters()]
+
+    for expected, got in zip(grads("cpu"), grads(DEV)):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_rng_state_round_trip():
+    torch.manual_seed(3)
+    state = torch.remote_accelerator.get_rng_state()  # recorded: nothing comes back
+    first = torch.rand(5, device=DEV)
+    torch.remote_accelerator.set_rng_state(state)
+    again = torch.rand(5, device=DEV)
+    assert torch.equal(first.cpu(), again.cpu())
+    host_state = state.cpu()  # a host copy of the state works too
+    assert host_state.dtype == torch.uint8 and host_state.numel() > 0
+    torch.remote_accelerator.set_rng_state(host_state)
+    assert torch.equal(torch.rand(5, device=DEV).cpu(), first.cpu())

@@ -7,6 +7,7 @@
 // current device index.
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -52,6 +53,10 @@ struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* /*data*/) const override {
     TORCH_CHECK(false, "remote_accelerator tensors have no local memory: no device owns a host pointer");
   }
+  /// `tensor.pin_memory()` and `DataLoader(pin_memory=True)` once remote_accelerator is the
+  /// current accelerator: ordinary host memory. Nothing is page-locked here: the data plane
+  /// registers host buffers with UCX itself when it sends them (its registration cache).
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
 };
 
 /// Registered when genie._C is loaded (PyTorch keeps the pointer for the process's life).

@@ -98,3 +98,15 @@ def test_a_new_model_is_not_mistaken_for_a_freed_one():
             for p in model.parameters():
                 p.add_(1.0)  # the node's copy now differs from any host bytes
         model(X.to(DEV)).sum().item()
+
+
+def test_a_pinned_memory_data_loader_feeds_the_device():
+    # With genie's hooks registered, remote_accelerator is PyTorch's current accelerator, so
+    # DataLoader(pin_memory=True) pins its batches for it (ordinary host memory here).
+    assert torch.accelerator.current_accelerator().type == "remote_accelerator"
+    data = torch.utils.data.TensorDataset(X, torch.arange(8))
+    model = _mlp().to(DEV)
+    outputs = []
+    for x, _ in torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True):
+        outputs.append(model(x.to(DEV, non_blocking=True)).cpu())
+    assert torch.equal(torch.cat(outputs), _mlp()(X))

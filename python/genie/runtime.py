@@ -243,7 +243,7 @@ class Runtime:
             request_id = self._request("run_graph_async", *cut.request)
         except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
             if not isinstance(error, GenieConnectionError):
-                self.pending = self._after_failure(nodes, pending, error) + self.pending
+                self.pending = self._after_failure(nodes, pending, error)
             self._deferred = self._deferred or error
             return
         self._release_unneeded(pending)
@@ -259,19 +259,23 @@ class Runtime:
         if not 0 <= seed <= 0xFFFF_FFFF_FFFF_FFFF:
             raise RuntimeError(f"manual_seed: seed {seed} is out of range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]")
         bits = seed - (1 << 64) if seed >= 1 << 63 else seed  # the uint64's bits as int64 (the schema's int)
-        node = Node(_genie_op("manual_seed"), (self.device, bits), {}, 0, writes=(self.rng,))
-        node.outputs = ()
+        self._record_generator_op("manual_seed", bits)
+
+    def _record_generator_op(self, name: str, *args, dtype: torch.dtype | None = None) -> Value | None:
+        """Records `genie::<name>(device, *args)`, which writes the node's generator (in order
+        with the random ops); returns its output value when it has one (`dtype`)."""
+        node = Node(_genie_op(name), (self.device, *args), {}, 0 if dtype is None else 1, writes=(self.rng,))
+        value = None if dtype is None else Value(node, 0, Storage(), dtype)
+        node.outputs = () if value is None else (value,)
         self.record(node)
+        return value
 
     def get_rng_state(self):
         """The node generator's state at this point of the program (`genie::get_rng_state`), as
         a uint8 LazyTensor: recorded like a random op, in order. Its size is the node's
         generator's, asked once per connection (one round trip); later calls record only."""
         from .lazy import LazyTensor
-        node = Node(_genie_op("get_rng_state"), (self.device,), {}, 1, writes=(self.rng,))
-        value = Value(node, 0, Storage(), torch.uint8)
-        node.outputs = (value,)
-        self.record(node)
+        value = self._record_generator_op("get_rng_state", dtype=torch.uint8)
         if self._rng_state_desc is None:
             ((_, shape, strides, offset),) = self.describe([value])
             self._rng_state_desc = (tuple(shape), tuple(strides), offset, torch.uint8)
@@ -287,9 +291,7 @@ class Runtime:
             arg = self.value_of(state)
         else:
             arg = Constant(state.detach().to(torch.uint8).contiguous().clone())
-        node = Node(_genie_op("set_rng_state"), (self.device, arg), {}, 0, writes=(self.rng,))
-        node.outputs = ()
-        self.record(node)
+        self._record_generator_op("set_rng_state", arg)
 
     def upload(self, cpu: torch.Tensor, residency: int, storage: Storage | None = None) -> Value:
         """Puts a host tensor on the node now (one PutTensors); returns its resident value."""

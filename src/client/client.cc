@@ -130,8 +130,7 @@ struct Client::Impl {
     GENIE_LOG_WARN("genie-node {} refused a message: {}", peer, wire::stringOf(error.message()));
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
-      last_error = {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
-                    std::string(wire::stringOf(error.message()))};
+      last_error = remoteErrorOf(error);
     }
     failPending(Status(StatusCode::kRemote,
                        fmt::format("{}: {} (genie-node {} refused a request it could not read)",
@@ -154,7 +153,7 @@ struct Client::Impl {
     }
     for (auto& [id, waiting] : failed) {
       if (waiting->async) {
-        recordAsyncFailure({id, status, {}});
+        asyncRunAnswered({id, status, {}});
       } else {
         waiting->finish(status);
       }
@@ -164,23 +163,34 @@ struct Client::Impl {
   /// The reply to an asynchronous run (already taken out of `pending`): a RunResult, or an
   /// Error that is kept for takeAsyncFailures().
   void finishAsync(uint64_t id, const wire::Message& msg) {
-    if (msg.body_type() == wire::Body::RunResult) return recordAsyncFailure({id, Status::ok(), {}});
+    if (msg.body_type() == wire::Body::RunResult) return asyncRunAnswered({id, Status::ok(), {}});
     if (msg.body_type() != wire::Body::Error) {
-      return recordAsyncFailure({id, GENIE_ERROR(kInvalidMessage, "genie-node {} answered a RunGraph with {}", peer,
+      return asyncRunAnswered({id, GENIE_ERROR(kInvalidMessage, "genie-node {} answered a RunGraph with {}", peer,
                                                  wire::bodyName(msg.body_type())), {}});
     }
-    const wire::Error* error = msg.body_as_Error();
-    RemoteError remote{error->code(), error->op_index(), std::string(wire::stringOf(error->op_name())),
-                       std::string(wire::stringOf(error->message()))};
-    recordAsyncFailure({id, remoteStatus(remote), std::move(remote)});
+    RemoteError remote = remoteErrorOf(*msg.body_as_Error());
+    asyncRunAnswered({id, remoteStatus(remote), std::move(remote)});
   }
 
-  /// One asynchronous run answered: kept when `failure.status` is an error.
-  void recordAsyncFailure(AsyncFailure failure) {
+  /// One asynchronous run answered (or failed to go out): kept when `failure.status` is an error.
+  void asyncRunAnswered(AsyncFailure failure) {
     std::lock_guard<std::mutex> lock(pending_mutex);
     if (!failure.status) async_failures.push_back(std::move(failure));
     if (async_in_flight > 0) --async_in_flight;
     async_done.notify_all();
+  }
+
+  static RemoteError remoteErrorOf(const wire::Error& error) {
+    return {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
+            std::string(wire::stringOf(error.message()))};
+  }
+
+  /// kCancelled when the client is closed, kPeerUnreachable when the connection failed:
+  /// a message that gets no reply could not report either.
+  Status sendable() const {
+    if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
+    if (!endpoint->isConnected()) return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", peer, endpoint->error().message());
+    return Status::ok();
   }
 
   /// "<ErrorCode> [op <index> (<op name>)]: <node's message>" as kRemote.
@@ -242,8 +252,7 @@ struct Client::Impl {
     const wire::Message* msg = reply.message();
     if (msg->body_type() == wire::Body::Error) {
       const wire::Error* error = msg->body_as_Error();
-      last_error = {error->code(), error->op_index(), std::string(wire::stringOf(error->op_name())),
-                    std::string(wire::stringOf(error->message()))};
+      last_error = remoteErrorOf(*error);
       return remoteStatus(last_error);
     }
     return reply;
@@ -411,10 +420,7 @@ Result<TensorBatch> Client::getTensors(std::span<const wire::Handle> handles) {
 
 Status Client::freeTensors(std::span<const wire::Handle> handles, bool want_reply) {
   if (!want_reply) {
-    if (impl_->closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", impl_->peer);
-    if (!impl_->endpoint->isConnected()) {
-      return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", impl_->peer, impl_->endpoint->error().message());
-    }
+    GENIE_RETURN_IF_ERROR(impl_->sendable());
     impl_->sendOneWay(wire::buildFreeTensors(impl_->next_request++, handles, false));
     return Status::ok();
   }
@@ -459,10 +465,7 @@ Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<
     }
   }
   Impl& impl = *impl_;
-  if (impl.closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", impl.peer);
-  if (!impl.endpoint->isConnected()) {
-    return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", impl.peer, impl.endpoint->error().message());
-  }
+  GENIE_RETURN_IF_ERROR(impl.sendable());
   const uint64_t id = impl.next_request++;
   auto header = wire::buildRunGraph(id, run);
   if (!header) return header.status();
@@ -482,15 +485,11 @@ Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<
     if (s) return;
     // Not sent: no reply will come. Whoever takes the request out of `pending` reports it
     // (here, or failPending when the connection failed first).
-    std::shared_ptr<Pending> unsent;
     {
       std::lock_guard<std::mutex> lock(impl.pending_mutex);
-      auto it = impl.pending.find(id);
-      if (it == impl.pending.end()) return;
-      unsent = std::move(it->second);
-      impl.pending.erase(it);
+      if (impl.pending.erase(id) == 0) return;
     }
-    impl.recordAsyncFailure({id, std::move(s), {}});
+    impl.asyncRunAnswered({id, std::move(s), {}});
   });
   return id;
 }

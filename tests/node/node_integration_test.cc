@@ -60,6 +60,19 @@ std::pair<wire::GraphId, uint32_t> registerChain(Client& client) {
   return {id.isOk() ? *id : wire::GraphId(), chain.output};
 }
 
+/// A RunGraph of the chain: `input` inline, the weight and bias resident under hw and hb, one
+/// output spec (its value is the chain's relu).
+wire::RunGraphArgs chainRun(const wire::GraphId& graph, const at::Tensor& input, const wire::Handle& hw,
+                            const wire::Handle& hb, wire::OutputSpecArgs output) {
+  wire::RunGraphArgs run;
+  run.graph_id = graph;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(input);
+  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
+  run.outputs = {output};
+  return run;
+}
+
 TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
   NodeProcess node;
   auto client = connectOrFail(node.port());
@@ -73,12 +86,8 @@ TEST(NodeIntegration, ResidentWeightsAndAChainEqualEager) {
   auto [graph, relu] = registerChain(*client);
 
   // x travels inline; the output comes back and also stays resident under hy.
-  wire::RunGraphArgs run;
-  run.graph_id = graph;
-  wire::TensorSlotArgs inline_x;
-  inline_x.desc = descOf(x);
-  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
-  run.outputs = {{relu, wire::OutputAction::ReturnAndKeep, hy, wire::Residency::EphemeralActivation}};
+  wire::RunGraphArgs run =
+      chainRun(graph, x, hw, hb, {relu, wire::OutputAction::ReturnAndKeep, hy, wire::Residency::EphemeralActivation});
   auto outputs = client->runGraph(run, bytesOf(x));
   ASSERT_TRUE(outputs.isOk()) << outputs.status().toString();
   ASSERT_EQ(outputs->size(), 1u);
@@ -272,13 +281,7 @@ TEST(NodeIntegration, AsynchronousRunsKeepTheirOutputsAndReportFailuresLater) {
   ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
   ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
   auto runOf = [&, graph = graph, relu = relu](const at::Tensor& input, wire::Handle keep_as) {
-    wire::RunGraphArgs run;
-    run.graph_id = graph;
-    wire::TensorSlotArgs inline_x;
-    inline_x.desc = descOf(input);
-    run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
-    run.outputs = {{relu, wire::OutputAction::KeepResident, keep_as, wire::Residency::EphemeralActivation}};
-    return run;
+    return chainRun(graph, input, hw, hb, {relu, wire::OutputAction::KeepResident, keep_as, wire::Residency::EphemeralActivation});
   };
   const auto before = client->counters();
   wire::Handle good = Client::newHandle(), bad = Client::newHandle(), after = Client::newHandle();
@@ -327,12 +330,8 @@ TEST(NodeIntegration, AsynchronousRunsFailWhenTheNodeDies) {
   ASSERT_TRUE(client->putTensor(hb, descOf(b), wire::Residency::PersistentWeight, bytesOf(b)).isOk());
   node->process().kill(SIGKILL);
   node->process().wait(5s);
-  wire::RunGraphArgs run;
-  run.graph_id = graph;
-  wire::TensorSlotArgs inline_x;
-  inline_x.desc = descOf(x);
-  run.inputs = {{0, {}, inline_x}, {1, hw, std::nullopt}, {2, hb, std::nullopt}};
-  run.outputs = {{relu, wire::OutputAction::KeepResident, Client::newHandle(), wire::Residency::EphemeralActivation}};
+  wire::RunGraphArgs run = chainRun(
+      graph, x, hw, hb, {relu, wire::OutputAction::KeepResident, Client::newHandle(), wire::Residency::EphemeralActivation});
   auto start = std::chrono::steady_clock::now();
   size_t sent = 0;
   for (int i = 0; i < 3; ++i) sent += client->runGraphAsync(run, bytesOf(x)).isOk();

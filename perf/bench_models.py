@@ -97,6 +97,12 @@ def bench_model(name: str, args, counters: Counters) -> dict:
     return result
 
 
+def node_time(counters: dict) -> str:
+    """The node's execution time within a run (RunResult.exec_us summed), or "-"."""
+    us = counters.get("node_exec_us")
+    return "-" if us is None else format_seconds(us / 1e6)
+
+
 def print_results(results: list, args, counters: Counters, host: dict, out) -> None:
     rows = []
     for r in results:
@@ -105,7 +111,7 @@ def print_results(results: list, args, counters: Counters, host: dict, out) -> N
         rows.append((r["model"], "run", format_seconds(median(r["local_s"])), format_seconds(median(r["device_s"])),
                      f"{median(ratio):.2f}x ({min(ratio):.2f}-{max(ratio):.2f})",
                      format_bytes(c.get("bytes_sent")), format_bytes(c.get("bytes_received")),
-                     format_count(c.get("round_trips")), "ok" if r["passed"] else "FAIL " + r["check"]))
+                     format_count(c.get("round_trips")), node_time(c), "ok" if r["passed"] else "FAIL " + r["check"]))
         if "step" in r:
             s = r["step"]
             sc = s["device_counters"] or {}
@@ -113,15 +119,15 @@ def print_results(results: list, args, counters: Counters, host: dict, out) -> N
                          format_seconds(median(s["device_s"])),
                          f"{median(s['ratio']):.2f}x ({min(s['ratio']):.2f}-{max(s['ratio']):.2f})",
                          format_bytes(sc.get("bytes_sent")), format_bytes(sc.get("bytes_received")),
-                         format_count(sc.get("round_trips")), ""))
+                         format_count(sc.get("round_trips")), node_time(sc), ""))
         uc = r["upload"]["counters"] or {}
         rows.append(("", f"upload, {format_bytes(r['parameter_bytes'])} of weights", "-",
                      format_seconds(r["upload"]["seconds"]), "-", format_bytes(uc.get("bytes_sent")),
-                     format_bytes(uc.get("bytes_received")), format_count(uc.get("round_trips")), ""))
+                     format_bytes(uc.get("bytes_received")), format_count(uc.get("round_trips")), "-", ""))
     title = (f"bench_models: {args.device} vs local cpu, median of {args.repeat} rounds after one warm-up each "
              f"(ratio: median (min-max) of per-round device/local)")
     print_table(title, ("model", "what", "local cpu", args.device, "device/local", "sent", "received", "round trips",
-                        "check"), rows, file=out)
+                        "node exec", "check"), rows, file=out)
     for r in results:
         if r["run_bytes_sent_per_parameter_byte"] is not None:
             print(f"{r['model']}: bytes sent per run / parameter bytes = {r['run_bytes_sent_per_parameter_byte']:.4f}",

@@ -466,6 +466,7 @@ class PyClient {
     out["messages_sent"] = c.messages_sent;
     out["round_trips"] = c.round_trips;
     out["async_runs"] = c.async_runs;
+    out["node_exec_us"] = c.node_exec_us;
     return out;
   }
 
@@ -643,7 +644,8 @@ uptime_us (µs).
       .def("counters", &PyClient::counters, R"doc(
 counters() -> dict: this client's cumulative traffic: bytes_sent, bytes_received (headers +
 payloads of every message, bytes), messages_sent, round_trips (requests that waited for a reply),
-async_runs (RunGraphs sent by run_graph_async).
+async_runs (RunGraphs sent by run_graph_async), node_exec_us (the node's execution time of
+every answered RunGraph, µs).
 )doc")
       .def("close", &PyClient::close, "Says Goodbye and closes (idempotent; also done when the object dies).")
       .def("__enter__", [](py::object self) { return self; })

@@ -92,8 +92,10 @@ def memory_stats(device=None) -> dict:
 def client_stats() -> dict:
     """This process's traffic over all devices since start: `bytes_sent`, `bytes_received`
     (headers and payloads, bytes), `messages_sent`, `round_trips` (requests that waited for a
-    reply), `graphs_registered`."""
-    total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0}
+    reply), `async_runs` (graphs sent without waiting), `node_exec_us` (the nodes' execution
+    time of every answered graph, µs), `graphs_registered`."""
+    total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0,
+             "node_exec_us": 0}
     for runtime in all_runtimes():
         for k, v in runtime.counters().items():
             total[k] = total.get(k, 0) + v

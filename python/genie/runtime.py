@@ -566,7 +566,8 @@ class Runtime:
 
     def counters(self) -> dict:
         if self.client is None:
-            return {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0}
+            return {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0,
+                    "node_exec_us": 0}
         return self.client.counters()
 
     def close(self) -> None:

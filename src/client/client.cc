@@ -73,6 +73,7 @@ struct Client::Impl {
   std::atomic<uint64_t> messages_sent{0};
   std::atomic<uint64_t> round_trips{0};
   std::atomic<uint64_t> async_runs{0};
+  std::atomic<uint64_t> node_exec_us{0};  // RunResult.exec_us summed
   std::mutex pending_mutex;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending;
   // Asynchronous runs (runGraphAsync): how many await their reply, and the failures not yet
@@ -163,7 +164,10 @@ struct Client::Impl {
   /// The reply to an asynchronous run (already taken out of `pending`): a RunResult, or an
   /// Error that is kept for takeAsyncFailures().
   void finishAsync(uint64_t id, const wire::Message& msg) {
-    if (msg.body_type() == wire::Body::RunResult) return asyncRunAnswered({id, Status::ok(), {}});
+    if (msg.body_type() == wire::Body::RunResult) {
+      node_exec_us += msg.body_as_RunResult()->exec_us();
+      return asyncRunAnswered({id, Status::ok(), {}});
+    }
     if (msg.body_type() != wire::Body::Error) {
       return asyncRunAnswered({id, GENIE_ERROR(kInvalidMessage, "genie-node {} answered a RunGraph with {}", peer,
                                                  wire::bodyName(msg.body_type())), {}});
@@ -379,7 +383,7 @@ const std::string& Client::address() const { return impl_->peer; }
 
 ClientCounters Client::counters() const {
   return {impl_->bytes_sent.load(), impl_->bytes_received.load(), impl_->messages_sent.load(),
-          impl_->round_trips.load(), impl_->async_runs.load()};
+          impl_->round_trips.load(), impl_->async_runs.load(), impl_->node_exec_us.load()};
 }
 const RemoteError& Client::lastRemoteError() const { return impl_->last_error; }
 
@@ -453,6 +457,7 @@ Result<RunReply> Client::runGraphReply(const wire::RunGraphArgs& run, std::span<
   RunReply out;
   out.described = Impl::slotsOf(result->described());
   out.exec_us = result->exec_us();
+  impl_->node_exec_us += out.exec_us;
   out.outputs = Impl::batchOf(*reply, result->outputs());
   return out;
 }

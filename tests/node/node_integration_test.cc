@@ -304,6 +304,7 @@ TEST(NodeIntegration, AsynchronousRunsKeepTheirOutputsAndReportFailuresLater) {
   EXPECT_EQ(failures[0].remote.op_name, "aten::mm.default");
   EXPECT_NE(failures[0].status.message().find("aten::mm"), std::string::npos);
   EXPECT_EQ(client->asyncInFlight(), 0u);
+  EXPECT_GT(client->counters().node_exec_us, before.node_exec_us);  // the answered runs' RunResult.exec_us
   EXPECT_TRUE(client->takeAsyncFailures(true).empty());  // reported once
   EXPECT_FALSE(client->getTensor(bad).isOk());  // a failed run keeps nothing
   auto third_kept = client->getTensor(after);

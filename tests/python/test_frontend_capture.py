@@ -1,5 +1,7 @@
 """The frontend's capture and materialization (seeds 000-002 in spirit), on the embedded node."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -70,12 +72,17 @@ def test_materialization_points():
 
 def test_one_request_per_materialization_and_nothing_twice():
     x = torch.randn(64, 64).to(DEV)
+    genie.synchronize()  # the upload (and, in a fresh process, the connection) are not counted
     before = genie.client_stats()
+    start = time.perf_counter()
     y = (x @ x).relu()
     z = y.sum()
     value = z.item()
+    elapsed_us = (time.perf_counter() - start) * 1e6
     after = genie.client_stats()
     assert after["round_trips"] - before["round_trips"] <= 2  # register once + run
+    # The node's execution time came back with the result: some, and within the call's own time.
+    assert 0 < after["node_exec_us"] - before["node_exec_us"] <= elapsed_us
     # y stayed resident: reading it does not run the matmul again.
     ops_before = genie.memory_stats()["ops_executed"]
     y_cpu = y.cpu()

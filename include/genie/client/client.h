@@ -77,6 +77,7 @@ struct ClientCounters {
   uint64_t messages_sent = 0;
   uint64_t round_trips = 0;     // requests that waited for a reply
   uint64_t async_runs = 0;      // RunGraphs sent with runGraphAsync (their replies are not waited for)
+  uint64_t node_exec_us = 0;    // the node's execution time of every answered RunGraph (RunResult.exec_us), µs
 };
 
 /// A RunGraph sent with runGraphAsync that failed (see Client::takeAsyncFailures).

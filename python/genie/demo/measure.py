@@ -1,7 +1,8 @@
 """Measuring a run: wall time, Genie's client counters, and the machine it ran on.
 
 The counters come from the frontend: ``genie.client_stats()`` returns cumulative
-``bytes_sent``, ``bytes_received`` and ``round_trips``; a run's share is the difference of two
+``bytes_sent``, ``bytes_received``, ``round_trips`` and ``node_exec_us`` (the node's execution
+time, µs); a run's share is the difference of two
 snapshots. On a local device (``cpu``), or where ``genie`` cannot be imported or has no
 ``client_stats`` yet, there are no counters and every snapshot is ``None``.
 """
@@ -18,7 +19,7 @@ import torch
 
 COUNTER_KEYS = ("bytes_sent", "bytes_received", "round_trips")
 # Reported too where the frontend has them.
-OPTIONAL_COUNTER_KEYS = ("messages_sent", "graphs_registered")
+OPTIONAL_COUNTER_KEYS = ("messages_sent", "graphs_registered", "node_exec_us")
 
 
 def is_local(device: str) -> bool:

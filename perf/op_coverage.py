@@ -287,7 +287,20 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFA
     """Runs one OpInfo row on the CPU and on the remote device. Returns a JSON-able dict:
     name, status ("pass", "fail", "n/a (...)"), and for failures the sample index, exception
     type, one-line reason, category, stage. `exact_random`: compare random results' values
-    (default: when the node is a CPU node, `node_draws_like_the_cpu`)."""
+    (default: when the node is a CPU node, `node_draws_like_the_cpu`).
+
+    Every read goes to the node: host evaluation (genie.host_eval) would answer the integer
+    ops of small samples on the host's CPU, and the node's kernels would go untested."""
+    from genie import host_eval
+
+    saved, host_eval.enabled = host_eval.enabled, False
+    try:
+        return _run_opinfo(opinfo, max_samples, timeout_s, exact_random)
+    finally:
+        host_eval.enabled = saved
+
+
+def _run_opinfo(opinfo, max_samples: int, timeout_s: int, exact_random: bool | None) -> dict:
     import genie  # noqa: F401  (registers the device; the node starts on first use)
 
     if exact_random is None:

@@ -28,12 +28,14 @@ _sequence = itertools.count()
 
 
 class Storage:
-    """Values that alias one memory region; `live` counts the LazyTensors on it."""
+    """Values that alias one memory region; `live` counts the LazyTensors on it; `written`
+    says that some recorded op writes it (then no value on it has a host copy)."""
 
-    __slots__ = ("live", "__weakref__")
+    __slots__ = ("live", "written", "__weakref__")
 
     def __init__(self) -> None:
         self.live = 0
+        self.written = False
 
 
 class Value:
@@ -41,10 +43,12 @@ class Value:
 
     `tensors` counts the live LazyTensors whose current value this is; a resident value whose
     count drops to 0 is freed on the node (batched). `residency` is the wire class it is kept
-    under (0 activation, 1 weight, 2 KV cache, 3 gradient).
+    under (0 activation, 1 weight, 2 KV cache, 3 gradient). `host` is its exact contents on the
+    host when known (a CPU tensor, see `genie.host_eval`), else None.
     """
 
-    __slots__ = ("node", "index", "handle", "storage", "tensors", "residency", "dtype", "error", "__weakref__")
+    __slots__ = ("node", "index", "handle", "storage", "tensors", "residency", "dtype", "error", "host",
+                 "__weakref__")
 
     def __init__(self, node: "Node | None", index: int, storage: Storage, dtype: torch.dtype,
                  handle: bytes | None = None, residency: int = 0) -> None:
@@ -56,6 +60,7 @@ class Value:
         self.residency = residency
         self.dtype = dtype
         self.error: BaseException | None = None  # set when the value is lost (failed run, node gone)
+        self.host: torch.Tensor | None = None
 
     def __repr__(self) -> str:
         if self.node is not None:

@@ -36,6 +36,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
+from .host_eval import host_copy_of_upload, host_value
 from .lower import GraphCache, encode, lower
 
 RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
@@ -212,6 +213,8 @@ class Runtime:
                 not self._cache_write_open or n >= self.async_chunk + _CACHE_WRITE_GRACE):
             # Before appending: `node`'s outputs get their tensors only after this returns.
             self._execute_async()
+        for storage in node.writes:
+            storage.written = True
         self.pending.append(node)
         if self.capture_log is not None:
             self.capture_log.append(node)
@@ -300,7 +303,9 @@ class Runtime:
         if data.requires_grad or isinstance(data, torch.nn.Parameter):
             data = data.data
         self._request("put", [(handle, data, residency)])  # no report of failed runs here: the handle would leak
-        return Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
+        value = Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
+        value.host = host_copy_of_upload(data)
+        return value
 
     def upload_tensor(self, cpu: torch.Tensor, residency: int):
         """A new LazyTensor holding a copy of host tensor `cpu` (contiguous)."""
@@ -337,6 +342,8 @@ class Runtime:
             new_value = Value(node, 0, value.storage, dst.dtype)
             node.outputs = (new_value,)
             self.record(node)
+            if fresh:
+                new_value.host = host_copy_of_upload(source.tensor, snapshot=False)  # already a snapshot
             self.rebind(dst, new_value)
             return
         if fresh:
@@ -380,9 +387,14 @@ class Runtime:
     # ---- materialization ----------------------------------------------------------------
 
     def fetch(self, tensor) -> torch.Tensor:
-        """The tensor's values on the host (runs what it depends on, in one request)."""
+        """The tensor's values on the host (runs what it depends on, in one request). A value the
+        host can compute exactly (`genie.host_eval`) is answered without a request, unless
+        asynchronous runs are in flight (their failures are reported at reads)."""
         value = self.value_of(tensor)
-        if value.node is None and not self._pending_writes(value.storage):
+        host = host_value(value) if not self.in_flight and self._deferred is None else None
+        if host is not None:
+            out = host.clone()  # the program may change what it read; the host copy stays
+        elif value.node is None and not self._pending_writes(value.storage):
             (out,) = self._call("get", [value.handle])
         else:
             returned, _ = self._execute([value], [])

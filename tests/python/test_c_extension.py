@@ -216,7 +216,7 @@ def test_argument_errors(client):
 
 def test_counters_and_stats(client):
     before = client.counters()
-    assert set(before) == {"bytes_sent", "bytes_received", "messages_sent", "round_trips", "async_runs"}
+    assert set(before) == {"bytes_sent", "bytes_received", "messages_sent", "round_trips", "async_runs", "node_exec_us"}
     h = handle()
     t = torch.randn(1024)
     client.put([(h, t, WEIGHT)])

@@ -69,7 +69,7 @@ def host_copy_of_upload(data: torch.Tensor, snapshot: bool = True) -> torch.Tens
 def host_value(value: Value) -> torch.Tensor | None:
     """`value`'s exact contents computed on the host, or None (then the node must answer).
     Values computed on the way keep their host copies (`Value.host`)."""
-    if not enabled:
+    if not enabled or not exact_dtype(value.dtype):
         return None
     try:
         with torch.no_grad(), torch._C._DisableTorchDispatch():

@@ -5,7 +5,8 @@
   `torch.device("remote_accelerator:0")` parses; `genie._C` registers its device guard;
 - `torch.remote_accelerator` (this module's device functions) via `torch._register_device_module`,
   and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
-- `genie::manual_seed`, the node's one operator of its own, which `torch.manual_seed` reaches;
+- the node's own operators `genie::manual_seed`, `genie::get_rng_state` and `genie::set_rng_state`,
+  which `torch.manual_seed` and the device's RNG-state functions reach;
 - PrivateUse1 kernels for the ops PyTorch calls with only a device to dispatch on:
   `aten::empty.memory_format` and `aten::empty_strided` (factories, `tensor.to(...)`, `module.to(...)`)
   record a pending value; `aten::_copy_from` (`torch.tensor(data, device=...)`) uploads.
@@ -90,8 +91,8 @@ def register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     aten = torch.ops.aten
     _library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kernels for a new backend
-    # genie-node's own operator (src/node/executor.cc), so that graphs can name it; it only
-    # ever runs on the node.
+    # genie-node's own operators (src/node/executor.cc), so that graphs can name them; they
+    # only ever run on the node.
     _genie_library.define("manual_seed(Device device, int seed) -> ()")
     _genie_library.define("get_rng_state(Device device) -> Tensor")
     _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")

@@ -82,12 +82,10 @@ def _op_is_exact(op) -> bool:
     known = _op_exact.get(id(op))
     if known is None:
         from .recorder import op_info
-        schema = op._schema
-        name = schema.name.split("::", 1)[-1]
-        info = op_info(op)
-        known = not (schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags
-                     or name.startswith(_DENIED_PREFIXES) or info.writes or info.python_impl is not None
-                     or not info.tensor_returns)
+        info = op_info(op)  # what the recorder derived from the schema: writes, seeded, returns
+        name = op._schema.name.split("::", 1)[-1]
+        known = not (info.writes or info.seeded or info.python_impl is not None or not info.tensor_returns
+                     or name.startswith(_DENIED_PREFIXES))
         _op_exact[id(op)] = known
     return known
 

@@ -212,16 +212,20 @@ struct Client::Impl {
   }
 
   /// Sends the request that `build(request_id)` makes and waits for its reply.
-  Result<Reply> call(const std::function<flatbuffers::DetachedBuffer(uint64_t)>& build,
+  /// Sends the request `build(id)` makes and waits for its reply. A build error (a request
+  /// the wire format cannot carry) is returned without sending anything.
+  Result<Reply> call(const std::function<Result<flatbuffers::DetachedBuffer>(uint64_t)>& build,
                      std::span<const std::byte> payload = {}) {
     if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
     const uint64_t id = next_request++;
+    auto built = build(id);
+    if (!built) return built.status();
+    flatbuffers::DetachedBuffer header = std::move(built.value());
     auto waiting = std::make_shared<Pending>();
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
       pending.emplace(id, waiting);
     }
-    auto header = build(id);
     bytes_sent += header.size() + payload.size();
     ++messages_sent;
     ++round_trips;
@@ -397,9 +401,7 @@ Status Client::putTensor(const wire::Handle& handle, const wire::TensorDescArgs&
 }
 
 Status Client::putTensors(std::span<const wire::TensorSlotArgs> slots, std::span<const std::byte> payload) {
-  auto header = wire::buildPutTensors(0, slots);
-  if (!header) return header.status();
-  auto reply = impl_->call([&](uint64_t id) { return std::move(wire::buildPutTensors(id, slots).value()); }, payload);
+  auto reply = impl_->call([&](uint64_t id) { return wire::buildPutTensors(id, slots); }, payload);
   if (!reply) return reply.status();
   return Impl::expect(*reply, wire::Body::Ack);
 }
@@ -448,9 +450,7 @@ Result<std::vector<ReturnedTensor>> Client::runGraph(const wire::RunGraphArgs& r
 }
 
 Result<RunReply> Client::runGraphReply(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload) {
-  auto header = wire::buildRunGraph(0, run);
-  if (!header) return header.status();
-  auto reply = impl_->call([&](uint64_t id) { return std::move(wire::buildRunGraph(id, run).value()); }, inline_payload);
+  auto reply = impl_->call([&](uint64_t id) { return wire::buildRunGraph(id, run); }, inline_payload);
   if (!reply) return reply.status();
   GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::RunResult));
   const wire::RunResult* result = reply->message()->body_as_RunResult();

@@ -16,18 +16,20 @@ methods PyTorch does not route through the dispatcher.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .graph import Value, op_name
 
 
-class Cell:
-    """The LazyTensor's current value. In-place ops rebind it; the weakref callback reads it."""
+class Cell(weakref.ref):
+    """A weak reference to a LazyTensor that holds the tensor's current `value` (a
+    `genie.graph.Value`): in-place ops rebind `value`; when the tensor dies, the runtime's
+    callback reads it. One object per tensor, kept by the tensor (`_cell`) and by its runtime
+    (`Runtime._refs`, until the tensor dies)."""
 
     __slots__ = ("value",)
-
-    def __init__(self, value: Value) -> None:
-        self.value = value
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -36,8 +38,8 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
-    `desc` is (shape, strides, storage_offset, dtype). Attributes (private): `_cell` (its
-    current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
+    `desc` is (shape, strides, storage_offset, dtype). Attributes (private): `_cell` (a `Cell`:
+    its current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
     """
 
     __slots__ = ("_cell", "_runtime", "_desc")
@@ -56,12 +58,15 @@ class LazyTensor(torch.Tensor):
         else:
             r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
         r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
-        cell = Cell(value)
+        cell = Cell(r, runtime._dead_callback)
+        cell.value = value
         r._cell = cell
         r._runtime = runtime
         value.tensors += 1
         value.storage.live += 1
-        runtime.track(r, cell)
+        # Runtime.track, inlined (once per recorded op). Keyed by id: hashing a weakref hashes
+        # the tensor, and comparing two would call Tensor.__eq__ (a recorded op).
+        runtime._refs[id(cell)] = cell
         return r
 
     # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.

@@ -193,9 +193,14 @@ class GraphCache:
             family = _Family(list(lowered.numbers))
             self._families[lowered.key] = family
         else:
-            changed = {i for i, (a, b) in enumerate(zip(lowered.numbers, family.base)) if _differ(a, b)}
-            if not changed <= family.lifted:
-                family.lifted = family.lifted | changed
+            lifted = family.lifted
+            # A number differs when a literal of the first graph cannot stand for it: unequal
+            # (NaN differs from itself, so a NaN position is lifted) or a zero of the other
+            # sign. Positions already lifted stay lifted.
+            changed = {i for i, (a, b) in enumerate(zip(lowered.numbers, family.base))
+                       if (a != b or (a == 0 and type(a) is float and _sign_differs(a, b))) and i not in lifted}
+            if changed:
+                family.lifted = lifted | changed
         lifted = family.lifted
         positions = sorted(lifted)
         scalars = [(slot, lowered.numbers[pos]) for slot, pos in enumerate(positions)]
@@ -205,10 +210,10 @@ class GraphCache:
         self._families[lowered.key].ids[lifted] = graph_id
 
 
-def _differ(a, b) -> bool:
-    """Whether a literal `b` cannot stand for `a`: unequal, or zeros of opposite sign (-0.0 ==
-    0.0, but 1 / -0.0 is -inf). NaN differs from itself, so a NaN position is lifted."""
-    return a != b or (a == 0 and type(a) is float and math.copysign(1.0, a) != math.copysign(1.0, b))
+def _sign_differs(a: float, b) -> bool:
+    """Zeros of opposite sign: -0.0 == 0.0, but 1 / -0.0 is -inf, so a literal 0.0 cannot
+    stand for -0.0."""
+    return math.copysign(1.0, a) != math.copysign(1.0, b)
 
 
 def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:

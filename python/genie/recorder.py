@@ -185,10 +185,17 @@ def _record_form(a, call: _Call):
         call.key.append(a if a == a else "nan")
         return a
     if t is list or t is tuple:
-        call.key.append(t)
-        out = t(_record_form(x, call) for x in a)
-        call.key.append(len(a))
-        return out
+        key = call.key
+        key.append(t)
+        out = []
+        for x in a:  # a loop, not a generator: ints (sizes, dims) are the common elements
+            if type(x) is int:
+                key.append(x)
+                out.append(x)
+            else:
+                out.append(_record_form(x, call))
+        key.append(len(a))
+        return out if t is list else tuple(out)
     if t is LazyTensor:
         rt = a._runtime
         if call.runtime is None:
@@ -216,6 +223,13 @@ def _record_form(a, call: _Call):
 
 
 _PLAIN = frozenset({int, bool, str, type(None), torch.dtype})
+
+
+def _all_ints(a) -> bool:
+    for x in a:
+        if type(x) is not int:
+            return False
+    return True
 
 
 def _meta_form(a):
@@ -256,6 +270,12 @@ def _prepare(func, args: tuple, kwargs: dict):
         elif call is None and t in _PLAIN:
             key.append(a)
             rec.append(a)
+        elif call is None and (t is list or t is tuple) and _all_ints(a):
+            # Sizes and dims (view, reshape, permute, sum): the key part _record_form gives.
+            key.append(t)
+            key.extend(a)
+            key.append(len(a))
+            rec.append(list(a) if t is list else a)
         else:
             if call is None:
                 call = _Call(runtime, key)
@@ -419,7 +439,11 @@ def record_op(func, args: tuple, kwargs: dict):
     single = plan.single
     if single is not None:  # the common case: one new tensor or one view, nothing written
         node = Node(func, rec_args, rec_kwargs, 1)
-        runtime.record(node)
+        pending = runtime.pending
+        if not runtime.async_chunk and runtime.capture_log is None and len(pending) < runtime.max_pending:
+            pending.append(node)  # Runtime.record's common case, inlined (the node writes nothing)
+        else:
+            runtime.record(node)
         desc, contiguous, view_of = single
         storage = args[view_of]._cell.value.storage if view_of >= 0 and type(args[view_of]) is LazyTensor \
             else Storage()

@@ -43,12 +43,6 @@ RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
 ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
 
 
-class _TensorRef(weakref.ref):
-    """A weakref to a LazyTensor that remembers its `Cell` (its current value)."""
-
-    __slots__ = ("cell",)
-
-
 def new_handle() -> bytes:
     """A fresh unguessable 128-bit handle (the OS's CSPRNG)."""
     return os.urandom(16)
@@ -82,7 +76,7 @@ class Runtime:
         self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
         self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
         self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
-        self._refs: dict[int, weakref.ref] = {}  # id(ref) -> weakref to each live LazyTensor
+        self._refs: dict[int, weakref.ref] = {}  # id(cell) -> the Cell of each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
         self._rng_state_desc: tuple | None = None  # the node generator's state: (shape, strides, offset, dtype)
         if _seed is not None:
@@ -100,10 +94,9 @@ class Runtime:
 
     def _lost(self, error: BaseException) -> None:
         """The node went away: every value of the session is lost; the next call reconnects."""
-        for ref in list(self._refs.values()):
-            t = ref()
-            if t is not None:
-                t._cell.value.error = error
+        for cell in list(self._refs.values()):
+            if cell() is not None:
+                cell.value.error = error
         for node in self.pending:
             for v in node.outputs:
                 v.error = error
@@ -169,18 +162,12 @@ class Runtime:
 
     # ---- tensors ------------------------------------------------------------------------
 
-    def track(self, tensor, cell) -> None:
-        """Watches a new LazyTensor: when it dies, its value is queued as dead (`dead`)."""
-        ref = _TensorRef(tensor, self._dead_callback)
-        ref.cell = cell
-        # Keyed by the weakref's id: hashing a weakref hashes the tensor, and comparing two
-        # would call Tensor.__eq__ (a recorded op).
-        self._refs[id(ref)] = ref
-
-    def _on_tensor_dead(self, ref) -> None:
-        # A weakref callback: may run during any allocation, so it only appends.
-        self._refs.pop(id(ref), None)
-        self.dead.append(ref.cell.value)
+    def _on_tensor_dead(self, cell) -> None:
+        """The callback of every LazyTensor's `Cell` (made in `LazyTensor._make`, kept in
+        `_refs`): the tensor died, its value is queued as dead (`dead`). May run during any
+        allocation, so it only appends."""
+        self._refs.pop(id(cell), None)
+        self.dead.append(cell.value)
 
     def value_of(self, tensor) -> Value:
         value = tensor._cell.value
@@ -482,9 +469,19 @@ class Runtime:
                         break
             if need:
                 keep.append(node)
-                for v in node.inputs():
-                    if v.node is not None:
-                        needed.add(id(v))
+                for a in node.args:  # Node.inputs(), inlined: no list per node
+                    t = type(a)
+                    if t is Value:
+                        if a.node is not None:
+                            needed.add(id(a))
+                    elif t is list or t is tuple:
+                        for x in a:
+                            if type(x) is Value and x.node is not None:
+                                needed.add(id(x))
+                if node.kwargs:
+                    for v in node.inputs():
+                        if v.node is not None:
+                            needed.add(id(v))
         keep.reverse()
         return keep
 

@@ -17,6 +17,8 @@ namespace py = pybind11;
 
 /// encode_graph, TensorRef, ScalarSlot (graph_encoder.cc).
 void bindGraphEncoder(py::module_& m);
+/// make_wrapper: a LazyTensor's tensor object without _make_wrapper_subclass (lazy_wrapper.cc).
+void bindLazyWrapper(py::module_& m);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
 

@@ -532,6 +532,7 @@ PYBIND11_MODULE(_C, m) {
       "encoder, and the remote_accelerator (PrivateUse1) device guard. Handles and graph ids are "
       "16 bytes (hi then lo, big-endian; .hex() is the node's spelling). Errors: genie.errors.";
 
+  bindLazyWrapper(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
   m.def(

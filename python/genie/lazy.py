@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from . import _C
 from .graph import Value, op_name
 
 
@@ -32,7 +33,9 @@ class Cell(weakref.ref):
     __slots__ = ("value",)
 
 
-_make_wrapper = torch.Tensor._make_wrapper_subclass
+# genie._C.make_wrapper(cls, shape, strides | None, offset, dtype, device_index): what
+# torch.Tensor._make_wrapper_subclass makes for a LazyTensor, without its argument parser.
+_make_wrapper = _C.make_wrapper
 
 
 class LazyTensor(torch.Tensor):
@@ -54,9 +57,9 @@ class LazyTensor(torch.Tensor):
         default ones of its shape and its offset 0 (the wrapper is then made faster)."""
         shape, strides, offset, dtype = desc
         if contiguous:
-            r = _make_wrapper(cls, shape, dtype=dtype, device=runtime.device)
+            r = _make_wrapper(cls, shape, None, 0, dtype, runtime.index)
         else:
-            r = _make_wrapper(cls, shape, strides=strides, storage_offset=offset, dtype=dtype, device=runtime.device)
+            r = _make_wrapper(cls, shape, strides, offset, dtype, runtime.index)
         r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
         cell = Cell(r, runtime._dead_callback)
         cell.value = value

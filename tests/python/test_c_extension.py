@@ -240,3 +240,36 @@ def test_closed_client_raises(genie_node):
     c.close()
     with pytest.raises(GenieError):
         c.ping()
+
+
+@pytest.mark.parametrize("shape,strides,offset,dtype", [
+    ((2, 3), None, 0, torch.float32),        # contiguous
+    ((2, 3), (1, 2), 1, torch.float16),      # transposed view with an offset
+    ([4, 0, 5], None, 0, torch.int64),       # empty, a list shape
+    ((), None, 0, torch.bool),               # 0-dim
+])
+def test_make_wrapper_equals_make_wrapper_subclass(shape, strides, offset, dtype):
+    from genie.lazy import LazyTensor
+    kwargs = {} if strides is None else {"strides": strides, "storage_offset": offset}
+    expected = torch.Tensor._make_wrapper_subclass(LazyTensor, shape, dtype=dtype, device="remote_accelerator:0", **kwargs)
+    made = C.make_wrapper(LazyTensor, shape, strides, offset, dtype, 0)
+    assert type(made) is LazyTensor
+    assert torch._C._dispatch_keys(made) == torch._C._dispatch_keys(expected)
+    for attr in ("shape", "dtype", "device", "layout", "requires_grad", "is_leaf"):
+        assert getattr(made, attr) == getattr(expected, attr), attr
+    assert made.stride() == expected.stride() and made.storage_offset() == expected.storage_offset()
+    assert made.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
+
+
+def test_make_wrapper_argument_errors():
+    from genie.lazy import LazyTensor
+    with pytest.raises(TypeError, match=r"shape\[1\] must be an int, got str"):
+        C.make_wrapper(LazyTensor, (2, "a"), None, 0, torch.float32, 0)
+    with pytest.raises(TypeError, match="cls must be a torch.Tensor subclass, got int"):
+        C.make_wrapper(int, (2,), None, 0, torch.float32, 0)
+    with pytest.raises(ValueError, match="2 sizes but 1 strides"):
+        C.make_wrapper(LazyTensor, (2, 3), (1,), 0, torch.float32, 0)
+    with pytest.raises(ValueError, match="a storage offset needs strides"):
+        C.make_wrapper(LazyTensor, (2, 3), None, 4, torch.float32, 0)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        C.make_wrapper(LazyTensor, (2, 3), None, 0, "float32", 0)

@@ -1,0 +1,130 @@
+// genie._C.make_wrapper: the tensor object of a new LazyTensor, made without
+// torch.Tensor._make_wrapper_subclass's argument parser. Recording makes one wrapper per
+// recorded output, so this is on the hottest path of capture: _make_wrapper_subclass parses
+// fifteen optional arguments from Python keywords each time (~14k instructions per call under
+// callgrind, the largest single cost of recording an op in Genie's code).
+//
+// The tensor is what _make_wrapper_subclass(cls, size, strides=..., storage_offset=...,
+// dtype=..., device=remote_accelerator:N) makes (torch/csrc/autograd/python_variable.cpp,
+// make_tensor_for_subclass_helper): a TensorImpl on the PrivateUse1 dispatch key whose storage
+// has the byte size the geometry needs and no data (the meta allocator), no autograd
+// requirement, wrapped as an instance of `cls` with the Python dispatch key set, so that every
+// op on it reaches cls.__torch_dispatch__.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+
+#include "bindings.h"
+
+namespace genie::python {
+namespace {
+
+/// Reads a tuple or list of Python ints into `out`. Returns false with TypeError set otherwise.
+bool readInts(PyObject* seq, const char* what, c10::SmallVector<int64_t, 6>& out) {
+  if (!PyTuple_Check(seq) && !PyList_Check(seq)) {
+    PyErr_Format(PyExc_TypeError, "make_wrapper: %s must be a tuple or list of ints, got %s", what,
+                 Py_TYPE(seq)->tp_name);
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Format(PyExc_TypeError, "make_wrapper: %s[%zd] must be an int, got %s", what, i,
+                   Py_TYPE(items[i])->tp_name);
+      return false;
+    }
+    out[i] = v;
+  }
+  return true;
+}
+
+/// make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) -> cls instance.
+PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 6) {
+    PyErr_Format(PyExc_TypeError,
+                 "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) takes 6 "
+                 "arguments, got %zd",
+                 nargs);
+    return nullptr;
+  }
+  PyObject* cls = args[0];
+  if (!PyType_Check(cls) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls),
+                                              reinterpret_cast<PyTypeObject*>(THPVariableClass))) {
+    PyErr_Format(PyExc_TypeError, "make_wrapper: cls must be a torch.Tensor subclass, got %s",
+                 PyType_Check(cls) ? reinterpret_cast<PyTypeObject*>(cls)->tp_name : Py_TYPE(cls)->tp_name);
+    return nullptr;
+  }
+  c10::SmallVector<int64_t, 6> sizes, strides;
+  if (!readInts(args[1], "shape", sizes)) return nullptr;
+  const bool has_strides = args[2] != Py_None;
+  if (has_strides && !readInts(args[2], "strides", strides)) return nullptr;
+  if (has_strides && strides.size() != sizes.size()) {
+    PyErr_Format(PyExc_ValueError, "make_wrapper: %zu sizes but %zu strides", sizes.size(), strides.size());
+    return nullptr;
+  }
+  const long long offset = PyLong_AsLongLong(args[3]);
+  if (offset == -1 && PyErr_Occurred()) return nullptr;
+  if (offset != 0 && !has_strides) {
+    PyErr_SetString(PyExc_ValueError, "make_wrapper: a storage offset needs strides");
+    return nullptr;
+  }
+  if (!THPDtype_Check(args[4])) {
+    PyErr_Format(PyExc_TypeError, "make_wrapper: dtype must be a torch.dtype, got %s", Py_TYPE(args[4])->tp_name);
+    return nullptr;
+  }
+  const at::ScalarType dtype = reinterpret_cast<THPDtype*>(args[4])->scalar_type;
+  const long long index = PyLong_AsLongLong(args[5]);
+  if (index == -1 && PyErr_Occurred()) return nullptr;
+  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
+
+  at::Tensor tensor;
+  {
+    const auto itemsize = static_cast<size_t>(c10::elementSize(dtype));
+    const size_t nbytes = has_strides
+                              ? at::detail::computeStorageNbytes(sizes, strides, itemsize, offset)
+                              : at::detail::computeStorageNbytesContiguous(sizes, itemsize);
+    c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(nullptr, device),
+                         c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                      c10::scalarTypeToTypeMeta(dtype));
+    if (has_strides) {
+      tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    } else {
+      tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+    }
+  }
+  PyObject* wrapper = THPVariable_Wrap(tensor, reinterpret_cast<PyTypeObject*>(cls));
+  if (wrapper == nullptr) return nullptr;
+  THPVariable_Unpack(wrapper).unsafeGetTensorImpl()->set_python_dispatch(true);
+  return wrapper;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef g_make_wrapper_def = {
+    "make_wrapper", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeWrapper)), METH_FASTCALL,
+    "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) -> cls instance\n\n"
+    "A tensor of type `cls` (a torch.Tensor subclass with __torch_dispatch__) on "
+    "remote_accelerator:device_index that owns no memory: shape and strides (tuples or lists of "
+    "ints, elements; strides None for contiguous, then storage_offset must be 0), storage_offset "
+    "(elements), dtype (torch.dtype). What torch.Tensor._make_wrapper_subclass makes for these "
+    "arguments, without its argument parser. TypeError/ValueError for bad arguments."};
+
+}  // namespace
+
+void bindLazyWrapper(py::module_& m) {
+  m.add_object("make_wrapper",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_make_wrapper_def, nullptr, m.ptr())));
+}
+
+}  // namespace genie::python

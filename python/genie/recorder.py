@@ -270,6 +270,9 @@ def _prepare(func, args: tuple, kwargs: dict):
         elif call is None and t in _PLAIN:
             key.append(a)
             rec.append(a)
+        elif call is None and t is float:  # scalars (alpha, eps, a multiplier): as _record_form
+            key.append(a if a == a else "nan")
+            rec.append(a)
         elif call is None and (t is list or t is tuple) and _all_ints(a):
             # Sizes and dims (view, reshape, permute, sum): the key part _record_form gives.
             key.append(t)

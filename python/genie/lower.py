@@ -146,7 +146,18 @@ def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
     ops = []
     produced = 0
     for node in nodes:
-        args = tuple([enc(a) for a in node.args])
+        args = []
+        for a in node.args:  # enc(a), with its two common cases inlined
+            t = type(a)
+            if t is Value:
+                j = output_ids.get(id(a))
+                args.append(out_refs[j] if j is not None else add_input(a))
+            elif t is int:
+                numbers.append(a)
+                args.append(INT)
+            else:
+                args.append(enc(a))
+        args = tuple(args)
         kwargs = tuple([(k, enc(v)) for k, v in node.kwargs.items()]) if node.kwargs else ()
         entries.append((id(node.op), args, kwargs, node.num_outputs))
         ops.append(node.op)
@@ -180,15 +191,20 @@ class GraphCache:
 
     def __init__(self) -> None:
         self._families: dict[tuple, _Family] = {}
+        # The last key and its family: a loop runs one structure again and again, and
+        # comparing with the last key walks it once, where a lookup hashes it and compares.
+        self._last: tuple[tuple, _Family] | None = None
 
     def clear(self) -> None:
         self._families.clear()
+        self._last = None
 
     def __len__(self) -> int:
         return sum(len(f.ids) for f in self._families.values())
 
     def prepare(self, lowered: Lowered) -> tuple[frozenset[int], list[tuple[int, int]], bytes | None]:
-        family = self._families.get(lowered.key)
+        last = self._last
+        family = last[1] if last is not None and last[0] == lowered.key else self._families.get(lowered.key)
         if family is None:
             family = _Family(list(lowered.numbers))
             self._families[lowered.key] = family
@@ -201,6 +217,7 @@ class GraphCache:
                        if (a != b or (a == 0 and type(a) is float and _sign_differs(a, b))) and i not in lifted}
             if changed:
                 family.lifted = lifted | changed
+        self._last = (lowered.key, family)
         lifted = family.lifted
         positions = sorted(lifted)
         scalars = [(slot, lowered.numbers[pos]) for slot, pos in enumerate(positions)]

@@ -442,11 +442,7 @@ def record_op(func, args: tuple, kwargs: dict):
     single = plan.single
     if single is not None:  # the common case: one new tensor or one view, nothing written
         node = Node(func, rec_args, rec_kwargs, 1)
-        pending = runtime.pending
-        if not runtime.async_chunk and runtime.capture_log is None and len(pending) < runtime.max_pending:
-            pending.append(node)  # Runtime.record's common case, inlined (the node writes nothing)
-        else:
-            runtime.record(node)
+        runtime.record(node)
         desc, contiguous, view_of = single
         storage = args[view_of]._cell.value.storage if view_of >= 0 and type(args[view_of]) is LazyTensor \
             else Storage()

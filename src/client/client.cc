@@ -211,7 +211,6 @@ struct Client::Impl {
     endpoint->send(wire::bytesOf(header), {}, [](Status) {});
   }
 
-  /// Sends the request that `build(request_id)` makes and waits for its reply.
   /// Sends the request `build(id)` makes and waits for its reply. A build error (a request
   /// the wire format cannot carry) is returned without sending anything.
   Result<Reply> call(const std::function<Result<flatbuffers::DetachedBuffer>(uint64_t)>& build,

@@ -31,8 +31,8 @@ PayloadBuffer allocatePayload(size_t size) {
   return {std::shared_ptr<std::byte>(static_cast<std::byte*>(memory), [](std::byte* p) { std::free(p); }), size};
 }
 
-/// How long a caller polls for its reply before it sleeps.
-constexpr std::chrono::microseconds kReplyPoll{50};
+/// How long a caller drives the worker, waiting for its reply, before it sleeps.
+constexpr std::chrono::microseconds kReplyPoll{100};
 
 /// One request waiting for its reply.
 struct Pending {
@@ -231,14 +231,16 @@ struct Client::Impl {
     Status sent_status;
     std::promise<Status> sent;
     auto sent_future = sent.get_future();
-    endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [&sent](Status s) { sent.set_value(s); });
-    // A reply often comes within microseconds (small graphs, a node on the same host): poll
-    // for it briefly, yielding the core, before sleeping on the condition variable (a futex
-    // wake-up costs more than such a round trip on a loaded machine).
-    const auto poll_until = std::chrono::steady_clock::now() + kReplyPoll;
-    while (!waiting->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < poll_until) {
-      sched_yield();
-    }
+    // A reply often comes within microseconds (small graphs, a node on the same host): this
+    // thread drives the worker itself for a while (it sends the request inline and runs the
+    // reply's callback), so neither the request nor the reply crosses a thread, before it
+    // sleeps on the condition variable and leaves progress to the progress thread.
+    worker->drive(
+        [&] {
+          endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()},
+                         [&sent](Status s) { sent.set_value(s); });
+        },
+        [&] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
     std::unique_lock<std::mutex> lock(waiting->mutex);
     bool answered = waiting->cv.wait_for(lock, options.timeout, [&] { return waiting->done || !endpoint->isConnected(); });
     lock.unlock();

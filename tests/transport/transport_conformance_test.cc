@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <thread>
+#include <unordered_map>
 
 #include "genie/transport/registration_cache.h"
 #include "transport_test_util.h"
@@ -230,18 +231,27 @@ TEST_P(TransportTest, RmaPutAndGetWithPackedRemoteKey) {
 TEST_P(TransportTest, RegistrationCacheFindsContainingRegions) {
   Node node(tls(), "rcache");
   std::vector<uint8_t> buffer(1 << 16);
-  Result<MemoryRegion> region = GENIE_ERROR(kInternal, "not run");
-  node.worker->post([&] { region = node.worker->registrationCache().registerMemory(buffer.data(), buffer.size(), MemoryType::kHost); });
-  ASSERT_TRUE(node.worker->waitUntil([&] { return region.isOk(); }, 5s));
+  // The cache belongs to the progress thread: every call goes through post().
   auto& cache = node.worker->registrationCache();
-  EXPECT_NE(cache.find(buffer.data() + 100, 1000), nullptr);
-  EXPECT_EQ(cache.find(buffer.data() + buffer.size() - 10, 20), nullptr);
-  // Registering a sub-range again does not call UCX again.
-  uint64_t before = cache.registrations();
-  node.worker->post([&] { (void)cache.registerMemory(buffer.data() + 64, 64, MemoryType::kHost); });
-  node.worker->waitUntil([] { return true; }, 1s);
-  std::this_thread::sleep_for(50ms);
-  EXPECT_EQ(cache.registrations(), before);
+  Result<MemoryRegion> region = GENIE_ERROR(kInternal, "not run");
+  bool inside = false, beyond = false;
+  uint64_t before = 0, after = 0;
+  std::atomic<bool> checked{false};
+  node.worker->post([&] {
+    region = cache.registerMemory(buffer.data(), buffer.size(), MemoryType::kHost);
+    inside = cache.find(buffer.data() + 100, 1000) != nullptr;
+    beyond = cache.find(buffer.data() + buffer.size() - 10, 20) != nullptr;
+    // Registering a sub-range again does not call UCX again.
+    before = cache.registrations();
+    (void)cache.registerMemory(buffer.data() + 64, 64, MemoryType::kHost);
+    after = cache.registrations();
+    checked = true;
+  });
+  ASSERT_TRUE(node.worker->waitUntil([&] { return checked.load(); }, 5s));
+  ASSERT_TRUE(region.isOk()) << region.status().toString();
+  EXPECT_TRUE(inside);
+  EXPECT_FALSE(beyond);
+  EXPECT_EQ(after, before);
   std::atomic<bool> removed{false};
   node.worker->post([&] {
     EXPECT_TRUE(cache.deregisterMemory(buffer.data()).isOk());
@@ -320,6 +330,95 @@ TEST_P(TransportTest, CloseIsBoundedWhenThePeerStopsAnswering) {
   ASSERT_TRUE(status.has_value()) << "the pending send did not complete after close";
   EXPECT_FALSE(status->isOk());
   peer.kill(SIGKILL);
+}
+
+/// A worker whose message handler counts replies by header and notes the thread it ran on.
+struct DrivenClient {
+  explicit DrivenClient(const std::string& tls) {
+    WorkerConfig config;
+    config.tls = tls;
+    config.name = "driven";
+    config.net_devices = "lo";
+    worker = Worker::create(config).value();
+    worker->setMessageHandler([this](InboundMessage message) {
+      std::lock_guard<std::mutex> lock(mutex);
+      replies[textOf(message.header())] = std::this_thread::get_id();
+    });
+    EXPECT_TRUE(worker->startProgressThread().isOk());
+  }
+  ~DrivenClient() { worker->shutdown(); }
+  bool answered(const std::string& header, std::thread::id* on = nullptr) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = replies.find(header);
+    if (it == replies.end()) return false;
+    if (on) *on = it->second;
+    return true;
+  }
+  std::shared_ptr<Worker> worker;
+  std::mutex mutex;
+  std::unordered_map<std::string, std::thread::id> replies;
+};
+
+TEST_P(TransportTest, CallersDriveTheWorkerForTheirReplies) {
+  Node server(tls(), "server");
+  uint16_t port = server.listen();
+  DrivenClient client(tls());
+  auto to_server = client.worker->connect("127.0.0.1", port).value();
+  std::atomic<bool> stop{false};
+  std::vector<std::string> seen;  // every header the server got, in order
+  std::thread echo([&] {
+    while (!stop) {
+      auto message = server.nextMessage(100ms);
+      if (!message) continue;
+      seen.push_back(textOf(message->header()));
+      message->endpoint()->send(message->header(), {}, [](Status) {});
+    }
+  });
+  // One caller: the request goes out from the caller and the reply's callback runs on it.
+  const auto me = std::this_thread::get_id();
+  for (int i = 0; i < 200; ++i) {
+    std::string request = "one-" + std::to_string(i);
+    // A send made before the drive (posted to the progress thread) still leaves first.
+    std::string before = "before-" + std::to_string(i);
+    to_server->send(bytesOf(before), {}, [](Status) {});
+    bool done = client.worker->drive([&] { to_server->send(bytesOf(request), {}, [](Status) {}); },
+                                     [&] { return client.answered(request); }, 10s);
+    ASSERT_TRUE(done) << request;
+    std::thread::id on;
+    ASSERT_TRUE(client.answered(request, &on));
+    EXPECT_EQ(on, me) << request << ": the reply's callback ran on another thread";
+  }
+  // Two callers at once: each gets its replies, whoever drives when they arrive.
+  auto caller = [&](const std::string& name) {
+    for (int i = 0; i < 300; ++i) {
+      std::string request = name + std::to_string(i);
+      bool done = client.worker->drive([&] { to_server->send(bytesOf(request), {}, [](Status) {}); },
+                                       [&] { return client.answered(request); }, 10s);
+      EXPECT_TRUE(done) << request;
+    }
+  };
+  std::thread a(caller, "a-"), b(caller, "b-");
+  a.join();
+  b.join();
+  // Every request was answered: 200 "before-", 200 "one-", 600 from the two callers.
+  EXPECT_TRUE(client.worker->waitUntil(
+      [&] {
+        std::lock_guard<std::mutex> lock(client.mutex);
+        return client.replies.size() == 1000u;
+      },
+      10s));
+  stop = true;
+  echo.join();
+  // The server saw each "before-i" right before "one-i".
+  std::vector<std::string> ordered;
+  for (const auto& header : seen) {
+    if (header.rfind("before-", 0) == 0 || header.rfind("one-", 0) == 0) ordered.push_back(header);
+  }
+  ASSERT_EQ(ordered.size(), 400u);
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(ordered[2 * i], "before-" + std::to_string(i));
+    EXPECT_EQ(ordered[2 * i + 1], "one-" + std::to_string(i));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest, ::testing::Values("tcp", "sm"),

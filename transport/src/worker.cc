@@ -182,7 +182,7 @@ Result<std::shared_ptr<Worker>> Worker::create(const WorkerConfig& config) {
 }
 
 Status Worker::init() {
-  progress_thread_id_ = std::this_thread::get_id();
+  driver_.store(std::this_thread::get_id());
   // The transports asked for: Genie's setting, else UCX's own environment variable.
   const char* env_tls = std::getenv("UCX_TLS");
   const std::string requested_tls = !config_.tls.empty() ? config_.tls : (env_tls ? env_tls : "");
@@ -234,7 +234,8 @@ Status Worker::init() {
 
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time, not always the same one: drive() hands the worker to a caller.
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   worker_params.name = config_.name.c_str();
   st = ucp_worker_create(context_, &worker_params, &worker_);
   if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_worker_create");
@@ -308,7 +309,7 @@ void Worker::shutdown() {
     (void)!::write(wake_fd_, &one, sizeof(one));
     progress_thread_.join();
   }
-  progress_thread_id_ = std::this_thread::get_id();
+  driver_.store(std::this_thread::get_id());
   runPostedTasks();
   runDeferred();
   // Force-close every endpoint: their pending requests complete with an error now.
@@ -405,6 +406,45 @@ void Worker::post(std::function<void()> task) {
   }
 }
 
+bool Worker::drive(const std::function<void()>& start, const std::function<bool()>& done,
+                   std::chrono::microseconds poll) {
+  const auto deadline = std::chrono::steady_clock::now() + poll;
+  if (isProgressThread()) {
+    start();
+    while (!done() && std::chrono::steady_clock::now() < deadline) progress();
+    return done();
+  }
+  if (!progress_thread_.joinable() || shut_down_) {
+    post(start);
+    return false;
+  }
+  // Ask the progress thread to stand aside; it checks between two progress rounds, and holds
+  // nothing while it sleeps. Spin (yielding the core, which it may need) rather than block:
+  // a futex wait here would cost a wake-up on the way in.
+  drive_requests_.fetch_add(1, std::memory_order_seq_cst);
+  while (!drive_mutex_.try_lock()) sched_yield();
+  drive_requests_.fetch_sub(1, std::memory_order_seq_cst);
+  driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  // Tasks posted earlier (an earlier send on the same endpoint) go first: sends leave in the
+  // order they were made.
+  runPostedTasks();
+  start();
+  bool finished;
+  while (!(finished = done()) && std::chrono::steady_clock::now() < deadline) progress();
+  driver_.store(std::thread::id(), std::memory_order_relaxed);
+  drive_mutex_.unlock();
+  return finished;
+}
+
+void Worker::retakeFromCaller(std::unique_lock<std::mutex>& held) {
+  auto pause = std::chrono::microseconds(20);
+  while (!held.try_lock()) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+  driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+}
+
 bool Worker::waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   if (isProgressThread()) {
@@ -428,7 +468,10 @@ Status Worker::startProgressThread() {
   if (shut_down_) return GENIE_ERROR(kCancelled, "worker '{}' is shut down", config_.name);
   std::atomic<bool> started{false};
   progress_thread_ = std::thread([this, &started] {
-    progress_thread_id_ = std::this_thread::get_id();
+    {
+      std::lock_guard<std::mutex> held(drive_mutex_);
+      driver_.store(std::this_thread::get_id());
+    }
     started = true;
     progressThreadMain();
   });
@@ -438,14 +481,33 @@ Status Worker::startProgressThread() {
 
 void Worker::progressThreadMain() {
   pthread_setname_np(pthread_self(), "genie-progress");
+  // Held while this thread touches UCX; released while it sleeps and while a caller drives.
+  std::unique_lock<std::mutex> held(drive_mutex_, std::defer_lock);
+  retakeFromCaller(held);
   auto last_event = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
+    if (drive_requests_.load(std::memory_order_seq_cst) != 0) {
+      // A caller waits for a reply and drives the worker itself (drive()): stand aside.
+      driver_.store(std::thread::id(), std::memory_order_relaxed);
+      held.unlock();
+      while (drive_requests_.load(std::memory_order_seq_cst) != 0 && !stop_.load(std::memory_order_relaxed)) {
+        sched_yield();
+      }
+      retakeFromCaller(held);
+      last_event = std::chrono::steady_clock::now();
+      continue;
+    }
     if (progress() != 0) {
       last_event = std::chrono::steady_clock::now();
       continue;
     }
     if (std::chrono::steady_clock::now() - last_event < config_.busy_poll) {
-      if (config_.yield_while_polling) sched_yield();
+      if (config_.yield_while_polling) {
+        sched_yield();
+      } else if (yield_polls_ != 0) {
+        --yield_polls_;
+        sched_yield();
+      }
       continue;
     }
     // Idle: arm the worker's event fd and sleep until UCX or post() wakes us.
@@ -456,8 +518,11 @@ void Worker::progressThreadMain() {
     }
     ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_OK) {
+      driver_.store(std::thread::id(), std::memory_order_relaxed);
+      held.unlock();  // a caller may drive the worker while this thread sleeps
       epoll_event events[2];
       epoll_wait(epoll_fd_, events, 2, /*timeout ms=*/100);
+      retakeFromCaller(held);
     }
     sleeping_.store(false, std::memory_order_seq_cst);
     uint64_t drained;
@@ -582,7 +647,7 @@ Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint1
   if (!address) return address.status();
   std::string peer = fmt::format("{}:{}", host, port);
   Result<std::shared_ptr<Endpoint>> created = GENIE_ERROR(kInternal, "connect to {} did not run", peer);
-  bool created_done = false;
+  std::atomic<bool> created_done{false};  // release/acquire: `created` is visible once set
   post([&] {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
@@ -605,7 +670,7 @@ Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint1
     }
     created_done = true;
   });
-  if (!waitUntil([&] { return created_done; }, config_.connect_timeout)) {
+  if (!waitUntil([&] { return created_done.load(); }, config_.connect_timeout)) {
     return GENIE_ERROR(kTimeout, "connect to {}: the progress thread did not answer in {} ms", peer,
                        config_.connect_timeout.count());
   }
@@ -628,12 +693,12 @@ Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint1
                   __FILE__, __LINE__);
   }
   std::string lanes;
-  bool lanes_done = false;
+  std::atomic<bool> lanes_done{false};
   post([&] {
     lanes = describeEndpointLanes(endpoint->ucpEp());
     lanes_done = true;
   });
-  waitUntil([&] { return lanes_done; }, config_.connect_timeout);
+  waitUntil([&] { return lanes_done.load(); }, config_.connect_timeout);
   endpoint->state()->transports = lanes;
   SPDLOG_INFO("connected to {} over UCX {} [{}]", peer, info_.ucx_version, lanes);
   if (slowerThanRequested(info_.tls, lanes)) {
@@ -672,12 +737,12 @@ Result<std::unique_ptr<Listener>> Worker::listen(const std::string& host, uint16
                                                  AcceptHandler on_accept) {
   auto listener = std::make_unique<Listener>(shared_from_this(), std::move(on_accept));
   Status status = GENIE_ERROR(kInternal, "listen did not run");
-  bool done = false;
+  std::atomic<bool> done{false};  // release/acquire: what the task wrote is visible once set
   post([&] {
     status = listener->startFromProgressThread(host, port);
     done = true;
   });
-  if (!waitUntil([&] { return done; }, config_.connect_timeout)) {
+  if (!waitUntil([&] { return done.load(); }, config_.connect_timeout)) {
     return GENIE_ERROR(kTimeout, "listen on {}:{}: the progress thread did not answer", host, port);
   }
   if (!status) return status;
@@ -692,12 +757,12 @@ Listener::Listener(std::shared_ptr<Worker> worker, AcceptHandler on_accept)
 Listener::~Listener() {
   if (listener_ == nullptr) return;
   ucp_listener_h listener = listener_;
-  bool done = false;
+  std::atomic<bool> done{false};  // release/acquire: what the task wrote is visible once set
   worker_->post([&] {
     ucp_listener_destroy(listener);
     done = true;
   });
-  worker_->waitUntil([&] { return done; }, worker_->config().close_timeout);
+  worker_->waitUntil([&] { return done.load(); }, worker_->config().close_timeout);
 }
 
 Status Listener::startFromProgressThread(const std::string& host, uint16_t port) {

@@ -1,12 +1,13 @@
 // Worker: one UCX context + worker, its progress thread, listeners and endpoints.
 //
 // The data plane of Genie (DESIGN.md "UCX is the data plane"). A Worker owns a ucp_context
-// and one ucp_worker that only ONE thread ever touches: the progress thread. That is either
-// a thread the Worker starts (startProgressThread(): it polls under load and sleeps on the
-// worker's event fd when idle) or, for benchmarks, the thread that created the Worker and
-// calls progress() itself. Every other thread hands work over with post(); all callbacks
-// (messages, completions, connects, errors) run on the progress thread and must not block.
-// See docs/thread_model.md.
+// and one ucp_worker that only ONE thread at a time touches: the progress thread. That is
+// either a thread the Worker starts (startProgressThread(): it polls under load and sleeps on
+// the worker's event fd when idle) or, for benchmarks, the thread that created the Worker and
+// calls progress() itself. A thread waiting for a reply may take the worker over for a short
+// while (drive()): it then is the progress thread, and the started one stands aside. Every
+// other thread hands work over with post(); all callbacks (messages, completions, connects,
+// errors) run on the progress thread and must not block. See docs/thread_model.md.
 //
 // Messages are UCX active messages: the header is a FlatBuffer (opaque here), the data is the
 // payload, which the receiver places where it wants (rendezvous straight into its buffer for
@@ -17,6 +18,7 @@
 // WorkerConfig::peer_timeout (keepalive), and nothing hangs.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -96,7 +98,18 @@ class Worker : public std::enable_shared_from_this<Worker> {
   unsigned progress();
   /// Runs `task` on the progress thread (inline if called there).
   void post(std::function<void()> task);
-  bool isProgressThread() const { return std::this_thread::get_id() == progress_thread_id_; }
+  /// True on the thread that drives the worker now (the progress thread, or a caller inside
+  /// drive()).
+  bool isProgressThread() const { return driver_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  /// Caller-driven progress from any thread, for a caller that waits for a reply: takes the
+  /// worker over from the progress thread (which stands aside between two progress rounds; a
+  /// sleeping one holds nothing), runs `start` (typically the request's send, which then goes
+  /// out inline instead of through post()), then progress() until `done()` holds or `poll`
+  /// (µs) passes, and hands the worker back. Callbacks of every message and completion that
+  /// arrive meanwhile run on the caller. Returns done(). On a worker without a started
+  /// progress thread, from another thread than its own, `start` is post()ed and nothing is
+  /// driven. Saves two thread hand-offs per round trip (docs/thread_model.md).
+  bool drive(const std::function<void()>& start, const std::function<bool()>& done, std::chrono::microseconds poll);
   /// Blocks until `done()` holds or `timeout` passes. On the progress thread it drives
   /// progress(); elsewhere it sleeps. Returns false on timeout.
   bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);
@@ -129,6 +142,11 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// (UCX only queues operations started inside its callbacks). Progress thread only.
   void deferFromProgressThread(void (*fn)(void*), void* arg) { deferred_.push_back({fn, arg}); }
   void deferTaskFromProgressThread(std::function<void()> task);
+  /// The next `polls` polls of the progress thread that find nothing yield the core
+  /// (sched_yield), as with WorkerConfig::yield_while_polling. For a handler that just handed
+  /// work to a sleeping thread (genie-node's session thread): on a machine with fewer cores
+  /// than busy threads it then runs at once. Progress thread only.
+  void yieldPollsFromProgressThread(unsigned polls) { yield_polls_ = std::max(yield_polls_, polls); }
   /// True while deferred work waits for the end of this ucp_worker_progress() round.
   bool hasDeferredFromProgressThread() const { return !deferred_.empty(); }
   /// Non-null while an active-message callback runs (see worker_internal.h).
@@ -139,6 +157,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
   explicit Worker(const WorkerConfig& config);
   Status init();
   void progressThreadMain();
+  /// Progress thread: takes the worker back after a caller drove it, without making the
+  /// caller's unlock pay for a wake-up (polls the lock with short sleeps).
+  void retakeFromCaller(std::unique_lock<std::mutex>& held);
   unsigned progressCloses();
   unsigned runDeferred();
   unsigned runPostedTasks();
@@ -172,7 +193,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
   EndpointErrorHandler error_handler_;
 
   std::thread progress_thread_;
-  std::thread::id progress_thread_id_;
+  std::atomic<std::thread::id> driver_;       // the thread that touches UCX now
+  std::mutex drive_mutex_;                    // held by the started progress thread or a driving caller
+  std::atomic<unsigned> drive_requests_{0};   // callers waiting to drive
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   bool shut_down_ = false;
@@ -190,6 +213,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
   std::vector<std::pair<void (*)(void*), void*>> deferred_;       // progress thread only
   std::vector<std::pair<void (*)(void*), void*>> running_deferred_;
   AmCallbackScope* am_scope_ = nullptr;
+  unsigned yield_polls_ = 0;  // progress thread only: see yieldPollsFromProgressThread
   uint64_t am_generation_ = 0;
 
   std::atomic<uint64_t> bytes_sent_{0};

@@ -41,6 +41,13 @@ fi
 requirements_hash="$(cat python/requirements.txt python/requirements-test.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat .venv/.genie-requirements 2>/dev/null)" != "$requirements_hash" ]; then
   echo "setup: installing python/requirements*.txt into .venv (first time: torch is several GB, minutes)"
+  # A fresh install takes ~6 GiB in .venv, plus pip's temporary files (and its cache when it
+  # downloads): say so up front when the disk is short (pip only says "No space left on device").
+  free_kib="$(df --output=avail -k . | tail -1 | tr -d ' ')"
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((10 * 1024 * 1024)) ]; then
+    echo "setup: warning: $((free_kib / 1024 / 1024)) GiB free on the disk of $ROOT; a first install of" \
+      "torch and its CUDA libraries needs about 10 GiB (6 in .venv, the rest pip's temporary files and cache)" >&2
+  fi
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements.txt -r python/requirements-test.txt
   echo "$requirements_hash" > .venv/.genie-requirements
 fi

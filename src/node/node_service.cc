@@ -36,6 +36,15 @@ using Clock = std::chrono::steady_clock;
 /// poll instead slowed long graphs' OpenMP kernels (WorkerConfig::yield_while_polling).
 constexpr unsigned kHandOffYieldPolls = 64;
 
+/// Leader/followers (D. Schmidt et al., "Leader/Followers", PLoPD 2000): a session thread with
+/// nothing to do drives the transport's worker itself for this long (µs) before it sleeps,
+/// unless another thread already does, so that the callback of its next request runs on it
+/// and the request needs no wake-up. The dedicated progress thread stands aside meanwhile.
+constexpr std::chrono::microseconds kSessionLeaderPoll{200};
+/// A session thread receiving a request's payload drives the worker for this long (µs)
+/// before it waits for the progress thread to finish the receive.
+constexpr std::chrono::microseconds kReceivePoll{1000};
+
 wire::Handle randomHandle() {
   uint64_t words[2] = {0, 0};
   while (words[0] == 0 && words[1] == 0) {
@@ -195,6 +204,7 @@ struct Session {
   void enqueue(InboundMessage message) {
     std::lock_guard<std::mutex> lock(mutex);
     queue.push_back(std::move(message));
+    queued.fetch_add(1, std::memory_order_release);
     cv.notify_one();
   }
   /// Ends the session: its thread drains, frees every tensor and exits.
@@ -203,6 +213,7 @@ struct Session {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping && !thread.joinable()) return;
       stopping = true;
+      stop_requested.store(true, std::memory_order_release);
       cv.notify_one();
     }
     if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) thread.join();
@@ -245,6 +256,8 @@ struct Session {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<InboundMessage> queue;
+  std::atomic<size_t> queued{0};             // queue.size(), readable without the mutex
+  std::atomic<bool> stop_requested{false};   // stopping, readable without the mutex
   bool stopping = false;
   // Session thread only.
   std::unordered_map<wire::Handle, Entry, wire::HandleHash, wire::HandleEqual> tensors;
@@ -254,12 +267,20 @@ struct Session {
 void Session::run() {
   for (;;) {
     std::optional<InboundMessage> message;
+    if (queued.load(std::memory_order_acquire) == 0 && !stop_requested.load(std::memory_order_acquire)) {
+      // Lead: wait for the next request by driving the worker (kSessionLeaderPoll).
+      node.worker->drive(
+          {},
+          [this] { return queued.load(std::memory_order_acquire) != 0 || stop_requested.load(std::memory_order_acquire); },
+          kSessionLeaderPoll, transport::Worker::Takeover::kUnlessAnotherCaller);
+    }
     {
       std::unique_lock<std::mutex> lock(mutex);
       cv.wait(lock, [&] { return stopping || !queue.empty(); });
       if (queue.empty()) break;
       message.emplace(std::move(queue.front()));
       queue.pop_front();
+      queued.fetch_sub(1, std::memory_order_relaxed);
     }
     // Verified on the progress thread; the header bytes are the message's own.
     const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message->header().data());
@@ -311,7 +332,16 @@ bool Session::release(const wire::Handle& handle) {
 Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {
   std::promise<Status> done;
   auto future = done.get_future();
-  message.receivePayload({destination, bytes}, [&done](Status s) { done.set_value(std::move(s)); });
+  std::atomic<bool> received{false};
+  // Drive the receive from here for a while (the progress thread may be standing aside).
+  node.worker->drive(
+      [&] {
+        message.receivePayload({destination, bytes}, [&done, &received](Status s) {
+          received.store(true, std::memory_order_release);  // before: set_value may end this frame
+          done.set_value(std::move(s));
+        });
+      },
+      [&] { return received.load(std::memory_order_acquire); }, kReceivePoll);
   return future.get();  // bounded by the transport: a dead peer fails it within the peer timeout
 }
 
@@ -607,9 +637,17 @@ std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, con
 
 void NodeService::Impl::reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload,
                               std::shared_ptr<void> keep_alive) {
-  to.send(wire::bytesOf(header), payload, [keep_alive = std::move(keep_alive)](Status s) {
-    if (!s) GENIE_LOG_DEBUG("reply not delivered: {}", s.message());
-  });
+  auto send = [&] {
+    to.send(wire::bytesOf(header), payload, [keep_alive = std::move(keep_alive)](Status s) {
+      if (!s) GENIE_LOG_DEBUG("reply not delivered: {}", s.message());
+    });
+  };
+  // From a session thread: inline when nobody holds the worker (the progress thread sleeps or
+  // stands aside after this thread led), else handed to the progress thread, which is polling.
+  if (to.worker().isProgressThread() ||
+      !worker->drive(send, [] { return true; }, std::chrono::microseconds(0), transport::Worker::Takeover::kOnlyIfFree)) {
+    send();
+  }
 }
 
 void NodeService::Impl::onMessage(InboundMessage message) {

@@ -400,6 +400,22 @@ TEST_P(TransportTest, CallersDriveTheWorkerForTheirReplies) {
   std::thread a(caller, "a-"), b(caller, "b-");
   a.join();
   b.join();
+  // While one caller drives, kUnlessAnotherCaller gives up at once and runs nothing; after it,
+  // kUnlessAnotherCaller takes the worker.
+  std::atomic<bool> holding{false}, release{false};
+  std::thread holder([&] {
+    client.worker->drive([&] { holding = true; }, [&] { return release.load(); }, 10s);
+  });
+  while (!holding) std::this_thread::yield();
+  bool ran = false;
+  EXPECT_FALSE(client.worker->drive([&] { ran = true; }, [] { return true; }, 1s,
+                                    Worker::Takeover::kUnlessAnotherCaller));
+  EXPECT_FALSE(ran);
+  release = true;
+  holder.join();
+  EXPECT_TRUE(client.worker->drive([&] { ran = true; }, [] { return true; }, 1s,
+                                   Worker::Takeover::kUnlessAnotherCaller));
+  EXPECT_TRUE(ran);
   // Every request was answered: 200 "before-", 200 "one-", 600 from the two callers.
   EXPECT_TRUE(client.worker->waitUntil(
       [&] {

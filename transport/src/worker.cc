@@ -407,32 +407,50 @@ void Worker::post(std::function<void()> task) {
 }
 
 bool Worker::drive(const std::function<void()>& start, const std::function<bool()>& done,
-                   std::chrono::microseconds poll) {
+                   std::chrono::microseconds poll, Takeover takeover) {
   const auto deadline = std::chrono::steady_clock::now() + poll;
   if (isProgressThread()) {
-    start();
+    if (start) start();
     while (!done() && std::chrono::steady_clock::now() < deadline) progress();
     return done();
   }
   if (!progress_thread_.joinable() || shut_down_) {
-    post(start);
+    if (takeover != Takeover::kWait) return false;
+    if (start) post(start);
     return false;
   }
-  // Ask the progress thread to stand aside; it checks between two progress rounds, and holds
-  // nothing while it sleeps. Spin (yielding the core, which it may need) rather than block:
-  // a futex wait here would cost a wake-up on the way in.
-  drive_requests_.fetch_add(1, std::memory_order_seq_cst);
-  while (!drive_mutex_.try_lock()) sched_yield();
-  drive_requests_.fetch_sub(1, std::memory_order_seq_cst);
+  if (takeover == Takeover::kOnlyIfFree) {
+    if (!drive_mutex_.try_lock()) return false;
+    callers_.fetch_add(1, std::memory_order_seq_cst);
+  } else {
+    if (callers_.fetch_add(1, std::memory_order_seq_cst) != 0 && takeover == Takeover::kUnlessAnotherCaller) {
+      callers_.fetch_sub(1, std::memory_order_seq_cst);
+      return false;
+    }
+    // Ask the progress thread to stand aside; it checks between two progress rounds, and
+    // holds nothing while it sleeps. Spin (yielding the core, which it may need) rather than
+    // block: a futex wait here would cost a wake-up on the way in.
+    drive_requests_.fetch_add(1, std::memory_order_seq_cst);
+    while (!drive_mutex_.try_lock()) {
+      if (!start && done()) {  // another thread's progress already did it
+        drive_requests_.fetch_sub(1, std::memory_order_seq_cst);
+        callers_.fetch_sub(1, std::memory_order_seq_cst);
+        return true;
+      }
+      sched_yield();
+    }
+    drive_requests_.fetch_sub(1, std::memory_order_seq_cst);
+  }
   driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   // Tasks posted earlier (an earlier send on the same endpoint) go first: sends leave in the
   // order they were made.
   runPostedTasks();
-  start();
+  if (start) start();
   bool finished;
   while (!(finished = done()) && std::chrono::steady_clock::now() < deadline) progress();
   driver_.store(std::thread::id(), std::memory_order_relaxed);
   drive_mutex_.unlock();
+  callers_.fetch_sub(1, std::memory_order_seq_cst);
   return finished;
 }
 

@@ -101,15 +101,25 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// True on the thread that drives the worker now (the progress thread, or a caller inside
   /// drive()).
   bool isProgressThread() const { return driver_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  /// How drive() gets the worker when another thread has it.
+  enum class Takeover {
+    kWait,                 // ask the progress thread to stand aside; wait behind other callers
+    kUnlessAnotherCaller,  // as kWait, but give up at once if another caller drives or waits to
+    kOnlyIfFree,           // only if nobody holds the worker now (a sleeping progress thread)
+  };
   /// Caller-driven progress from any thread, for a caller that waits for a reply: takes the
   /// worker over from the progress thread (which stands aside between two progress rounds; a
-  /// sleeping one holds nothing), runs `start` (typically the request's send, which then goes
-  /// out inline instead of through post()), then progress() until `done()` holds or `poll`
-  /// (µs) passes, and hands the worker back. Callbacks of every message and completion that
-  /// arrive meanwhile run on the caller. Returns done(). On a worker without a started
-  /// progress thread, from another thread than its own, `start` is post()ed and nothing is
-  /// driven. Saves two thread hand-offs per round trip (docs/thread_model.md).
-  bool drive(const std::function<void()>& start, const std::function<bool()>& done, std::chrono::microseconds poll);
+  /// sleeping one holds nothing), runs the tasks posted before, then `start` (typically the
+  /// request's send, which then goes out inline instead of through post()), then progress()
+  /// until `done()` holds or `poll` (µs) passes, and hands the worker back. Callbacks of every
+  /// message and completion that arrive meanwhile run on the caller. Returns done().
+  /// With kUnlessAnotherCaller and kOnlyIfFree, returns false without running `start` when it
+  /// did not get the worker. With kWait on a worker without a started progress thread, from
+  /// another thread than its own, `start` is post()ed and nothing is driven. An empty `start`
+  /// is allowed; then done() is also checked while waiting for the worker.
+  /// Saves the thread hand-offs of a round trip (docs/thread_model.md).
+  bool drive(const std::function<void()>& start, const std::function<bool()>& done, std::chrono::microseconds poll,
+             Takeover takeover = Takeover::kWait);
   /// Blocks until `done()` holds or `timeout` passes. On the progress thread it drives
   /// progress(); elsewhere it sleeps. Returns false on timeout.
   bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);
@@ -196,6 +206,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
   std::atomic<std::thread::id> driver_;       // the thread that touches UCX now
   std::mutex drive_mutex_;                    // held by the started progress thread or a driving caller
   std::atomic<unsigned> drive_requests_{0};   // callers waiting to drive
+  std::atomic<unsigned> callers_{0};          // callers inside drive(), waiting or driving
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   bool shut_down_ = false;

@@ -1,6 +1,7 @@
 #include "genie/node/node_service.h"
 
 #include <ATen/ATen.h>
+#include <pthread.h>
 #include <sys/random.h>
 
 #include <chrono>
@@ -265,6 +266,7 @@ struct Session {
 };
 
 void Session::run() {
+  pthread_setname_np(pthread_self(), "genie-session");  // else it inherits its creator's name
   for (;;) {
     std::optional<InboundMessage> message;
     if (queued.load(std::memory_order_acquire) == 0 && !stop_requested.load(std::memory_order_acquire)) {

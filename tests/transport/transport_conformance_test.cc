@@ -416,6 +416,17 @@ TEST_P(TransportTest, CallersDriveTheWorkerForTheirReplies) {
   EXPECT_TRUE(client.worker->drive([&] { ran = true; }, [] { return true; }, 1s,
                                    Worker::Takeover::kUnlessAnotherCaller));
   EXPECT_TRUE(ran);
+  // A leader (kUnlessAnotherCaller) steps down for a caller that waits (kWait).
+  std::atomic<bool> leading{false};
+  std::thread leader([&] {
+    EXPECT_FALSE(client.worker->drive([&] { leading = true; }, [] { return false; }, 20s,
+                                      Worker::Takeover::kUnlessAnotherCaller));
+  });
+  while (!leading) std::this_thread::yield();
+  const auto asked = std::chrono::steady_clock::now();
+  EXPECT_TRUE(client.worker->drive([] {}, [] { return true; }, 1s));
+  leader.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 5s);
   // Every request was answered: 200 "before-", 200 "one-", 600 from the two callers.
   EXPECT_TRUE(client.worker->waitUntil(
       [&] {

@@ -447,7 +447,12 @@ bool Worker::drive(const std::function<void()>& start, const std::function<bool(
   runPostedTasks();
   if (start) start();
   bool finished;
-  while (!(finished = done()) && std::chrono::steady_clock::now() < deadline) progress();
+  // A caller that would not wait behind others (a leader) also steps down for one that waits.
+  const bool step_down = takeover == Takeover::kUnlessAnotherCaller;
+  while (!(finished = done()) && std::chrono::steady_clock::now() < deadline &&
+         !(step_down && drive_requests_.load(std::memory_order_relaxed) != 0)) {
+    progress();
+  }
   driver_.store(std::thread::id(), std::memory_order_relaxed);
   drive_mutex_.unlock();
   callers_.fetch_sub(1, std::memory_order_seq_cst);

@@ -104,7 +104,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// How drive() gets the worker when another thread has it.
   enum class Takeover {
     kWait,                 // ask the progress thread to stand aside; wait behind other callers
-    kUnlessAnotherCaller,  // as kWait, but give up at once if another caller drives or waits to
+    kUnlessAnotherCaller,  // as kWait, but give up at once if another caller drives or waits
+                           // to, and stop driving early when another caller asks for the worker
     kOnlyIfFree,           // only if nobody holds the worker now (a sleeping progress thread)
   };
   /// Caller-driven progress from any thread, for a caller that waits for a reply: takes the

@@ -469,19 +469,17 @@ class Runtime:
                         break
             if need:
                 keep.append(node)
-                for a in node.args:  # Node.inputs(), inlined: no list per node
-                    t = type(a)
-                    if t is Value:
-                        if a.node is not None:
-                            needed.add(id(a))
-                    elif t is list or t is tuple:
-                        for x in a:
-                            if type(x) is Value and x.node is not None:
-                                needed.add(id(x))
-                if node.kwargs:
-                    for v in node.inputs():
-                        if v.node is not None:
-                            needed.add(id(v))
+                # Node.inputs(), inlined: no list per node.
+                for group in (node.args, node.kwargs.values()) if node.kwargs else (node.args,):
+                    for a in group:
+                        t = type(a)
+                        if t is Value:
+                            if a.node is not None:
+                                needed.add(id(a))
+                        elif t is list or t is tuple:
+                            for x in a:
+                                if type(x) is Value and x.node is not None:
+                                    needed.add(id(x))
         keep.reverse()
         return keep
 

@@ -214,7 +214,6 @@ struct Session {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping && !thread.joinable()) return;
       stopping = true;
-      stop_requested.store(true, std::memory_order_release);
       cv.notify_one();
     }
     if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) thread.join();
@@ -258,8 +257,7 @@ struct Session {
   std::condition_variable cv;
   std::deque<InboundMessage> queue;
   std::atomic<size_t> queued{0};             // queue.size(), readable without the mutex
-  std::atomic<bool> stop_requested{false};   // stopping, readable without the mutex
-  bool stopping = false;
+  std::atomic<bool> stopping{false};         // set under the mutex; the leader reads it without
   // Session thread only.
   std::unordered_map<wire::Handle, Entry, wire::HandleHash, wire::HandleEqual> tensors;
   std::unordered_map<const c10::StorageImpl*, StorageUse> storages;  // bytes counted once per storage
@@ -269,11 +267,11 @@ void Session::run() {
   pthread_setname_np(pthread_self(), "genie-session");  // else it inherits its creator's name
   for (;;) {
     std::optional<InboundMessage> message;
-    if (queued.load(std::memory_order_acquire) == 0 && !stop_requested.load(std::memory_order_acquire)) {
+    if (queued.load(std::memory_order_acquire) == 0 && !stopping.load(std::memory_order_acquire)) {
       // Lead: wait for the next request by driving the worker (kSessionLeaderPoll).
       node.worker->drive(
           {},
-          [this] { return queued.load(std::memory_order_acquire) != 0 || stop_requested.load(std::memory_order_acquire); },
+          [this] { return queued.load(std::memory_order_acquire) != 0 || stopping.load(std::memory_order_acquire); },
           kSessionLeaderPoll, transport::Worker::Takeover::kUnlessAnotherCaller);
     }
     {
@@ -644,10 +642,10 @@ void NodeService::Impl::reply(Endpoint& to, const flatbuffers::DetachedBuffer& h
       if (!s) GENIE_LOG_DEBUG("reply not delivered: {}", s.message());
     });
   };
-  // From a session thread: inline when nobody holds the worker (the progress thread sleeps or
-  // stands aside after this thread led), else handed to the progress thread, which is polling.
-  if (to.worker().isProgressThread() ||
-      !worker->drive(send, [] { return true; }, std::chrono::microseconds(0), transport::Worker::Takeover::kOnlyIfFree)) {
+  // On the progress thread, inline. From a session thread: inline when nobody holds the worker
+  // (the progress thread sleeps, or stands aside after this thread led), else handed to the
+  // progress thread, which is polling.
+  if (!worker->drive(send, [] { return true; }, std::chrono::microseconds(0), transport::Worker::Takeover::kOnlyIfFree)) {
     send();
   }
 }

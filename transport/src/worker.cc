@@ -489,16 +489,10 @@ bool Worker::waitUntil(const std::function<bool()>& done, std::chrono::milliseco
 Status Worker::startProgressThread() {
   if (progress_thread_.joinable()) return GENIE_ERROR(kAlreadyExists, "progress thread already running");
   if (shut_down_) return GENIE_ERROR(kCancelled, "worker '{}' is shut down", config_.name);
-  std::atomic<bool> started{false};
-  progress_thread_ = std::thread([this, &started] {
-    {
-      std::lock_guard<std::mutex> held(drive_mutex_);
-      driver_.store(std::this_thread::get_id());
-    }
-    started = true;
-    progressThreadMain();
-  });
-  while (!started) std::this_thread::yield();
+  // From now on no thread drives the worker until the progress thread takes it
+  // (progressThreadMain); tasks posted meanwhile wait for it.
+  driver_.store(std::thread::id());
+  progress_thread_ = std::thread([this] { progressThreadMain(); });
   return Status::ok();
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <unordered_map>
@@ -235,12 +236,11 @@ struct Client::Impl {
     // thread drives the worker itself for a while (it sends the request inline and runs the
     // reply's callback), so neither the request nor the reply crosses a thread, before it
     // sleeps on the condition variable and leaves progress to the progress thread.
-    worker->drive(
-        [&] {
-          endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()},
-                         [&sent](Status s) { sent.set_value(s); });
-        },
-        [&] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
+    auto send = [&] {
+      endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [&sent](Status s) { sent.set_value(s); });
+    };
+    worker->drive(std::ref(send),  // std::ref: no heap copy of the lambda per request
+                  [&waiting] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
     std::unique_lock<std::mutex> lock(waiting->mutex);
     bool answered = waiting->cv.wait_for(lock, options.timeout, [&] { return waiting->done || !endpoint->isConnected(); });
     lock.unlock();

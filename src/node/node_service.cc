@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -334,14 +335,13 @@ Status Session::receive(InboundMessage& message, void* destination, size_t bytes
   auto future = done.get_future();
   std::atomic<bool> received{false};
   // Drive the receive from here for a while (the progress thread may be standing aside).
-  node.worker->drive(
-      [&] {
-        message.receivePayload({destination, bytes}, [&done, &received](Status s) {
-          received.store(true, std::memory_order_release);  // before: set_value may end this frame
-          done.set_value(std::move(s));
-        });
-      },
-      [&] { return received.load(std::memory_order_acquire); }, kReceivePoll);
+  auto start = [&] {
+    message.receivePayload({destination, bytes}, [&done, &received](Status s) {
+      received.store(true, std::memory_order_release);  // before: set_value may end this frame
+      done.set_value(std::move(s));
+    });
+  };
+  node.worker->drive(std::ref(start), [&received] { return received.load(std::memory_order_acquire); }, kReceivePoll);
   return future.get();  // bounded by the transport: a dead peer fails it within the peer timeout
 }
 
@@ -415,16 +415,24 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
   // conj bit) is resolved first, since the wire has no such bits.
   std::vector<wire::TensorSlotArgs> slots;
   std::vector<at::Tensor> contiguous;
+  slots.reserve(out.size());
+  contiguous.reserve(out.size());
   wire::PayloadLayout layout;
   for (const auto& [handle, tensor] : out) {
-    at::Tensor t = tensor.defined() ? tensor.resolve_conj().resolve_neg().contiguous() : tensor;
+    at::Tensor t = tensor;
+    if (t.defined()) {
+      // resolve_conj/resolve_neg are dispatcher calls: only for tensors with the bit set.
+      if (t.is_conj()) t = t.resolve_conj();
+      if (t.is_neg()) t = t.resolve_neg();
+      t = t.contiguous();
+    }
     wire::TensorSlotArgs slot;
     slot.handle = handle;
     slot.desc.dtype = t.defined() ? Executor::wireDType(t.scalar_type()) : wire::DType::Float32;
     slot.desc.shape = t.defined() ? t.sizes().vec() : std::vector<int64_t>{0};
     slot.payload_offset = layout.add(t.defined() ? t.nbytes() : 0);
-    slots.push_back(slot);
-    contiguous.push_back(t);
+    slots.push_back(std::move(slot));
+    contiguous.push_back(std::move(t));
   }
   auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described) : wire::buildTensorData(id, slots);
   if (!header) return node.replyError(*endpoint, id, {ErrorCode::Internal, header.status().message()});
@@ -616,7 +624,9 @@ std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, con
       kept.push_back(*spec->handle());
     }
     if (action == wire::OutputAction::Return || action == wire::OutputAction::ReturnAndKeep) {
-      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(), value.defined() ? value.cpu() : value);
+      // Host bytes to send: a CPU node's tensors are already there (cpu() would be a dispatch).
+      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(),
+                            value.defined() && !value.is_cpu() ? value.cpu() : value);
     }
     if (action == wire::OutputAction::KeepAndDescribe) {
       wire::TensorSlotArgs slot;
@@ -644,8 +654,10 @@ void NodeService::Impl::reply(Endpoint& to, const flatbuffers::DetachedBuffer& h
   };
   // On the progress thread, inline. From a session thread: inline when nobody holds the worker
   // (the progress thread sleeps, or stands aside after this thread led), else handed to the
-  // progress thread, which is polling.
-  if (!worker->drive(send, [] { return true; }, std::chrono::microseconds(0), transport::Worker::Takeover::kOnlyIfFree)) {
+  // progress thread, which is polling. std::ref: the std::function holds a reference, not a
+  // heap copy of the lambda (kOnlyIfFree never keeps `start` past the call).
+  if (!worker->drive(std::ref(send), [] { return true; }, std::chrono::microseconds(0),
+                     transport::Worker::Takeover::kOnlyIfFree)) {
     send();
   }
 }

@@ -140,8 +140,13 @@ class Worker : public std::enable_shared_from_this<Worker> {
   // ---- internal, used by Endpoint / InboundMessage / Listener --------------------------
   ucp_worker_h ucpWorker() const { return worker_; }
   ucp_context_h ucpContext() const { return context_; }
-  void countSent(size_t n) { bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
-  void countReceived(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+  // Called only by the thread that drives the worker (the progress thread, or a caller inside
+  // drive(), whose mutex orders it after the previous driver): one writer at a time, so a
+  // plain load and store, not a locked read-modify-write on every message. Read anywhere.
+  void countSent(size_t n) { bytes_sent_.store(bytes_sent_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void countReceived(size_t n) {
+    bytes_received_.store(bytes_received_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   /// Counts a CUDA payload staged through host memory; warns the first time.
   void noteStaged(size_t n);
   /// Creates the ucp endpoint of an accepted connection request (progress thread).

@@ -410,9 +410,9 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
 
 void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
                           uint64_t exec_us, std::span<const wire::TensorSlotArgs> described) {
-  // Returned tensors travel contiguous, one payload: zero-copy for a single contiguous tensor.
-  // The bytes are the logical values: a conjugate or negative view (fft.ifft's output has the
-  // conj bit) is resolved first, since the wire has no such bits.
+  // Returned tensors travel from host memory, contiguous, one payload: zero-copy for a single
+  // contiguous host tensor. The bytes are the logical values: a conjugate or negative view
+  // (fft.ifft's output has the conj bit) is resolved first, since the wire has no such bits.
   std::vector<wire::TensorSlotArgs> slots;
   std::vector<at::Tensor> contiguous;
   slots.reserve(out.size());
@@ -421,7 +421,9 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
   for (const auto& [handle, tensor] : out) {
     at::Tensor t = tensor;
     if (t.defined()) {
-      // resolve_conj/resolve_neg are dispatcher calls: only for tensors with the bit set.
+      // Each step is a dispatcher call: only where needed (a CPU node's tensors are in host
+      // memory already; the conj/neg bits are rare).
+      if (!t.is_cpu()) t = t.cpu();
       if (t.is_conj()) t = t.resolve_conj();
       if (t.is_neg()) t = t.resolve_neg();
       t = t.contiguous();
@@ -460,7 +462,7 @@ void Session::getTensors(uint64_t id, const wire::GetTensors& get) {
                                              fmt::format("GetTensors.handles[{}]: no tensor {} in this session", i,
                                                          wire::toString(handle))});
     }
-    out.emplace_back(handle, it->second.tensor.cpu());
+    out.emplace_back(handle, it->second.tensor);
   }
   sendTensors(id, false, out, 0);
 }
@@ -624,9 +626,7 @@ std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, con
       kept.push_back(*spec->handle());
     }
     if (action == wire::OutputAction::Return || action == wire::OutputAction::ReturnAndKeep) {
-      // Host bytes to send: a CPU node's tensors are already there (cpu() would be a dispatch).
-      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(),
-                            value.defined() && !value.is_cpu() ? value.cpu() : value);
+      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(), value);
     }
     if (action == wire::OutputAction::KeepAndDescribe) {
       wire::TensorSlotArgs slot;

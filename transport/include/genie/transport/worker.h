@@ -117,7 +117,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// With kUnlessAnotherCaller and kOnlyIfFree, returns false without running `start` when it
   /// did not get the worker. With kWait on a worker without a started progress thread, from
   /// another thread than its own, `start` is post()ed and nothing is driven. An empty `start`
-  /// is allowed; then done() is also checked while waiting for the worker.
+  /// is allowed; then done() is also checked while waiting for the worker. Except in that
+  /// post()ed case, `start` runs before drive() returns, so it may refer to the caller's frame
+  /// (callers pass std::ref(lambda): the std::function then holds no heap copy).
   /// Saves the thread hand-offs of a round trip (docs/thread_model.md).
   bool drive(const std::function<void()>& start, const std::function<bool()>& done, std::chrono::microseconds poll,
              Takeover takeover = Takeover::kWait);

@@ -10,15 +10,25 @@
 // has the byte size the geometry needs and no data (the meta allocator), no autograd
 // requirement, wrapped as an instance of `cls` with the Python dispatch key set, so that every
 // op on it reaches cls.__torch_dispatch__.
+//
+// Inference tensors: a TensorImpl made inside torch.inference_mode() is an inference tensor (no
+// autograd keys, no version counter). PyTorch makes a view with its base's key set instead
+// (TensorImpl's VIEW constructor), so a view of a normal tensor taken in inference mode is a
+// normal tensor, and the ADInplaceOrView kernel around the op then shares the base's version
+// counter with it. A wrapper for a view output is given its `base` and made with the base's
+// inference status; without that, a slice of a module buffer in inference mode fails with
+// "Cannot set version_counter for inference tensor".
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "bindings.h"
 
@@ -47,15 +57,26 @@ bool readInts(PyObject* seq, const char* what, c10::SmallVector<int64_t, 6>& out
   return true;
 }
 
-/// make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) -> cls instance.
+/// make_wrapper(cls, shape, strides, storage_offset, dtype, device_index[, base]) -> cls instance.
 PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 6) {
+  if (nargs != 6 && nargs != 7) {
     PyErr_Format(PyExc_TypeError,
-                 "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) takes 6 "
+                 "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index[, base]) takes 6 or 7 "
                  "arguments, got %zd",
                  nargs);
     return nullptr;
+  }
+  // The view's base: the wrapper gets its inference status (see the top of this file).
+  std::optional<bool> inference;
+  if (nargs == 7 && args[6] != Py_None) {
+    if (!THPVariable_Check(args[6])) {
+      PyErr_Format(PyExc_TypeError, "make_wrapper: base must be a torch.Tensor or None, got %s",
+                   Py_TYPE(args[6])->tp_name);
+      return nullptr;
+    }
+    const bool base_inference = THPVariable_Unpack(args[6]).is_inference();
+    if (base_inference != c10::InferenceMode::is_enabled()) inference = base_inference;
   }
   PyObject* cls = args[0];
   if (!PyType_Check(cls) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls),
@@ -95,6 +116,8 @@ PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
                               : at::detail::computeStorageNbytesContiguous(sizes, itemsize);
     c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(nullptr, device),
                          c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    std::optional<c10::InferenceMode> mode;  // the TensorImpl constructor reads it
+    if (inference) mode.emplace(*inference);
     tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                       c10::scalarTypeToTypeMeta(dtype));
@@ -113,12 +136,14 @@ PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
 
 PyMethodDef g_make_wrapper_def = {
     "make_wrapper", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeWrapper)), METH_FASTCALL,
-    "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index) -> cls instance\n\n"
+    "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index[, base]) -> cls instance\n\n"
     "A tensor of type `cls` (a torch.Tensor subclass with __torch_dispatch__) on "
     "remote_accelerator:device_index that owns no memory: shape and strides (tuples or lists of "
     "ints, elements; strides None for contiguous, then storage_offset must be 0), storage_offset "
     "(elements), dtype (torch.dtype). What torch.Tensor._make_wrapper_subclass makes for these "
-    "arguments, without its argument parser. TypeError/ValueError for bad arguments."};
+    "arguments, without its argument parser. `base` (a tensor, optional): the output is a view of "
+    "it and is an inference tensor exactly when `base` is one (as PyTorch's views), also inside "
+    "or outside torch.inference_mode(). TypeError/ValueError for bad arguments."};
 
 }  // namespace
 

@@ -33,7 +33,7 @@ class Cell(weakref.ref):
     __slots__ = ("value",)
 
 
-# genie._C.make_wrapper(cls, shape, strides | None, offset, dtype, device_index): what
+# genie._C.make_wrapper(cls, shape, strides | None, offset, dtype, device_index[, base]): what
 # torch.Tensor._make_wrapper_subclass makes for a LazyTensor, without its argument parser.
 _make_wrapper = _C.make_wrapper
 
@@ -48,15 +48,20 @@ class LazyTensor(torch.Tensor):
     __slots__ = ("_cell", "_runtime", "_desc")
 
     @staticmethod
-    def __new__(cls, desc: tuple, value: Value, runtime) -> "LazyTensor":
-        return cls._make(desc, False, value, runtime)
+    def __new__(cls, desc: tuple, value: Value, runtime, base: torch.Tensor | None = None) -> "LazyTensor":
+        return cls._make(desc, False, value, runtime, base)
 
     @classmethod
-    def _make(cls, desc: tuple, contiguous: bool, value: Value, runtime) -> "LazyTensor":
-        """`LazyTensor(desc, value, runtime)`; `contiguous` says that desc's strides are the
-        default ones of its shape and its offset 0 (the wrapper is then made faster)."""
+    def _make(cls, desc: tuple, contiguous: bool, value: Value, runtime,
+              base: torch.Tensor | None = None) -> "LazyTensor":
+        """`LazyTensor(desc, value, runtime, base)`; `contiguous` says that desc's strides are the
+        default ones of its shape and its offset 0 (the wrapper is then made faster). `base`:
+        the tensor this one is a view of, if any; the view is an inference tensor exactly when
+        its base is one, as PyTorch's views are (`genie._C.make_wrapper`)."""
         shape, strides, offset, dtype = desc
-        if contiguous:
+        if base is not None:
+            r = _make_wrapper(cls, shape, None if contiguous else strides, offset, dtype, runtime.index, base)
+        elif contiguous:
             r = _make_wrapper(cls, shape, None, 0, dtype, runtime.index)
         else:
             r = _make_wrapper(cls, shape, strides, offset, dtype, runtime.index)

@@ -23,6 +23,7 @@ The exceptions, each a materialization point or a data movement:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,11 @@ class OpInfo:
     aten ops it calls are recorded (see `_python_impl`). `seeded` ops draw from the device's
     random generator (tag `nondeterministic_seeded`: randn's `normal_`, dropout, bernoulli):
     they are recorded as writing the runtime's generator (`Runtime.rng`), so none is dropped
-    as dead and each draws in program order, as locally.
+    as dead and each draws in program order, as locally. `composite` ops have a
+    CompositeImplicitAutograd kernel and no remote_accelerator (PrivateUse1) kernel: PyTorch
+    decomposes them above autograd, so they reach `__torch_dispatch__` only where autograd is
+    skipped (`torch.inference_mode()`, whose tensors have no autograd keys); they are then
+    decomposed here as PyTorch would (`OpOverload.decompose`), never recorded whole.
     """
 
     returns: tuple[tuple[str, int | str | None], ...]
@@ -60,6 +65,7 @@ class OpInfo:
     list_return: bool
     python_impl: Any = None
     seeded: bool = False
+    composite: bool = False
 
 
 _op_infos: dict[Any, OpInfo] = {}
@@ -86,6 +92,7 @@ def op_info(func) -> OpInfo:
                 alias_to_arg[name] = where
             if arg.alias_info.is_write:
                 writes.append(where)
+    writes.extend(w for w in _UNDECLARED_WRITES.get(schema.name + "." + schema.overload_name, ()) if w not in writes)
     returns = []
     tensor_returns = True
     list_return = False
@@ -96,15 +103,39 @@ def op_info(func) -> OpInfo:
         elif not _is_tensor_type(t):
             tensor_returns = False
         alias = ret.alias_info
-        if alias is None or not alias.before_set:
+        alias_set = alias.before_set if alias is not None else set()
+        if list_return and not alias_set and len(schema.returns) == 1:
+            alias_set = _list_return_alias(schema)
+        if not alias_set:
             returns.append(("new", None))
             continue
-        arg = alias_to_arg.get(next(iter(alias.before_set)))
-        returns.append(("write" if alias.is_write else "view", arg))
+        arg = alias_to_arg.get(next(iter(alias_set)))
+        returns.append(("write" if alias is not None and alias.is_write else "view", arg))
+    name = func.name()
+    composite = (torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd")
+                 and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"))
     info = OpInfo(tuple(returns), tuple(writes), tensor_returns, list_return, _python_impl(func),
-                  torch.Tag.nondeterministic_seeded in func.tags)
+                  torch.Tag.nondeterministic_seeded in func.tags, composite)
     _op_infos[func] = info
     return info
+
+
+# Ops that write arguments their schemas do not mark written: aten::native_batch_norm updates
+# running_mean and running_var (arguments 3 and 4) in training mode. Without the write, a
+# forward whose output is discarded (torch.optim.swa_utils.update_bn) would be dropped as dead
+# and the statistics never updated. (In eval mode the node is then kept where it could be
+# dropped: conservative.)
+_UNDECLARED_WRITES = {"aten::native_batch_norm.": (3, 4)}
+
+_LIST_ALIAS = re.compile(r"^Tensor\((\w+)\)\[\]$")
+
+
+def _list_return_alias(schema) -> set[str]:
+    """The alias set of a `Tensor(a)[]` return (aten::split, unbind, chunk: every element is a
+    view of `a`). The schema's Python binding gives such a list's alias info an empty set (the
+    alias is on the elements), so it is read from the schema's text."""
+    match = _LIST_ALIAS.match(str(schema).rsplit(" -> ", 1)[1].strip())
+    return {match.group(1)} if match else set()
 
 
 def _python_impl(func):
@@ -428,6 +459,8 @@ def record_op(func, args: tuple, kwargs: dict):
         info = op_info(func)
         if info.python_impl is not None:  # never planned: every call comes here
             return info.python_impl(*args, **kwargs)
+        if info.composite:  # never planned either (torch.inference_mode only, see OpInfo)
+            return func.decompose(*args, **kwargs)
         if not info.tensor_returns:
             return runtime.run_scalar_op(func, rec_args, rec_kwargs)
         try:
@@ -444,9 +477,12 @@ def record_op(func, args: tuple, kwargs: dict):
         node = Node(func, rec_args, rec_kwargs, 1)
         runtime.record(node)
         desc, contiguous, view_of = single
-        storage = args[view_of]._cell.value.storage if view_of >= 0 and type(args[view_of]) is LazyTensor \
-            else Storage()
-        value = Value(node, 0, storage, desc[3])
+        if view_of >= 0 and type(args[view_of]) is LazyTensor:
+            base = args[view_of]
+            value = Value(node, 0, base._cell.value.storage, desc[3])
+            node.outputs = (value,)
+            return LazyTensor._make(desc, contiguous, value, runtime, base)
+        value = Value(node, 0, Storage(), desc[3])
         node.outputs = (value,)
         return LazyTensor._make(desc, contiguous, value, runtime)
     info, descs = plan.info, plan.descs
@@ -502,7 +538,8 @@ def _wrap_outputs(runtime, node: Node, info: OpInfo, args, kwargs, descs: list) 
                 _resize(source, desc)  # a resizing out= op (aten::arange.start_out into empty(0))
             wrapped.append(source)
         else:
-            wrapped.append(LazyTensor(desc, value, runtime))
+            base = source if kind == "view" and isinstance(source, LazyTensor) else None
+            wrapped.append(LazyTensor(desc, value, runtime, base))
     node.outputs = tuple(outputs)
     return wrapped
 
@@ -537,7 +574,8 @@ def _record_with_remote_shapes(runtime, func, info: OpInfo, args, kwargs, rec_ar
                 _resize(source, desc)
             wrapped.append(source)
         else:
-            wrapped.append(LazyTensor(desc, value, runtime))
+            base = source if kind == "view" and isinstance(source, LazyTensor) else None
+            wrapped.append(LazyTensor(desc, value, runtime, base))
     return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
 
@@ -592,7 +630,7 @@ def _local_scalar_dense(func, args, kwargs):
 def _same_value_view(func, args, kwargs):
     """aten::detach / alias / lift_fresh: a new tensor on the very same value (no op recorded)."""
     src = args[0]
-    return LazyTensor(desc_of(src), src._runtime.value_of(src), src._runtime)
+    return LazyTensor(desc_of(src), src._runtime.value_of(src), src._runtime, src)
 
 
 def _is_pinned(func, args, kwargs):

@@ -453,8 +453,12 @@ class Runtime:
     def _live_nodes(self, wanted: set[int]) -> list[Node]:
         """The pending nodes a read of `wanted` (ids of Values) or a live tensor needs, in
         program order: a node is kept when a live tensor holds one of its outputs, one of its
-        outputs is wanted or needed by a kept node, or it writes a storage a live tensor aliases."""
+        outputs is wanted or needed by a kept node, or it writes a storage that a live tensor
+        aliases or that a later kept node reads. The last case is a write through a view that
+        dies before the read: `seq[:, :n] = ids` (a `copy_` into a slice of `seq`), then
+        `seq.clone()`, with `seq` dead by the time of the cut (HuggingFace's beam search)."""
         needed = set(wanted)
+        read = set()  # ids of the Storages that kept nodes read
         keep = []
         for node in reversed(self.pending):
             need = False
@@ -464,7 +468,7 @@ class Runtime:
                     break
             if not need:
                 for st in node.writes:
-                    if st.live > 0:
+                    if st.live > 0 or id(st) in read:
                         need = True
                         break
             if need:
@@ -474,12 +478,15 @@ class Runtime:
                     for a in group:
                         t = type(a)
                         if t is Value:
+                            read.add(id(a.storage))
                             if a.node is not None:
                                 needed.add(id(a))
                         elif t is list or t is tuple:
                             for x in a:
-                                if type(x) is Value and x.node is not None:
-                                    needed.add(id(x))
+                                if type(x) is Value:
+                                    read.add(id(x.storage))
+                                    if x.node is not None:
+                                        needed.add(id(x))
         keep.reverse()
         return keep
 

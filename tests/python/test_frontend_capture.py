@@ -109,6 +109,51 @@ def test_views_and_in_place_keep_pytorch_semantics():
     assert base._version > 0
 
 
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_write_through_a_dead_view_reaches_a_later_read(resident):
+    # seq[:, :n] = ids writes through a temporary slice; by the time of the read neither the
+    # slice nor seq is alive, only the clone that read seq after the write (the pattern of
+    # HuggingFace's beam search).
+    def program(device):
+        seq = torch.full((2, 6), -1, dtype=torch.long, device=device)
+        if resident and device == DEV:
+            seq.cpu()  # the full tensor is resident; the write is pending
+        seq[:, :3] = torch.arange(6, device=device).reshape(2, 3)
+        copy = seq.clone()
+        del seq
+        return copy
+
+    assert torch.equal(program(DEV).cpu(), program("cpu"))
+
+
+@pytest.mark.parametrize("split", ["split", "unbind", "chunk"])
+def test_a_write_through_a_list_view_reaches_its_base(split):
+    # The outputs of split/unbind/chunk are views of their input (schema `Tensor(a)[]`).
+    def program(device):
+        x = torch.zeros(4, 2, device=device)
+        parts = getattr(x, split)(2) if split != "unbind" else x.unbind(0)
+        parts[0].add_(1)
+        del parts
+        return x
+
+    assert torch.equal(program(DEV).cpu(), program("cpu"))
+
+
+def test_beam_search_matches_the_cpu():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).eval()
+    remote = GPT2LMHeadModel(model.config).eval()
+    remote.load_state_dict(model.state_dict())
+    remote.to(DEV)
+    ids = torch.tensor([[1, 2, 3]])
+    kwargs = dict(max_new_tokens=4, num_beams=3, pad_token_id=0, eos_token_id=None)
+    local = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    on_device = remote.generate(ids.to(DEV), attention_mask=torch.ones_like(ids).to(DEV), **kwargs)
+    assert torch.equal(on_device.cpu(), local)
+
+
 def test_in_place_on_resident_tensor_and_out_variant():
     x_cpu = torch.randn(5)
     x = x_cpu.to(DEV)

@@ -110,3 +110,17 @@ def test_a_pinned_memory_data_loader_feeds_the_device():
     for x, _ in torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True):
         outputs.append(model(x.to(DEV, non_blocking=True)).cpu())
     assert torch.equal(torch.cat(outputs), _mlp()(X))
+
+
+def test_batch_norm_statistics_update_when_the_output_is_discarded():
+    # torch.optim.swa_utils.update_bn runs forwards in training mode and discards their
+    # outputs: only the running statistics (written by aten::native_batch_norm, whose schema
+    # does not say so) must change.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    remote = copy.deepcopy(model).to(DEV)
+    batches = [torch.randn(8, 4) for _ in range(3)]
+    torch.optim.swa_utils.update_bn(batches, model)
+    torch.optim.swa_utils.update_bn(batches, remote, device=torch.device(DEV))
+    for name, buffer in model.named_buffers():
+        assert torch.allclose(dict(remote.named_buffers())[name].cpu(), buffer), name

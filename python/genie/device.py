@@ -106,10 +106,17 @@ def register() -> None:
     for name in _WHOLE_OPS:
         _library.impl(name, _never_called(name), "PrivateUse1")
     _library.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
+    for name in _WHOLE_RNN_OPS:
+        _library.impl(name, _rnn_autograd(getattr(aten, name.split(".")[0]).input), "AutogradPrivateUse1")
     _registered = True
 
 
-_WHOLE_OPS = ("scaled_dot_product_attention",)
+# Recurrent layers kept whole as well: PyTorch's composite LSTM and GRU pick the fused cells
+# (`aten::_thnn_fused_lstm_cell`, `aten::_thnn_fused_gru_cell`) for any device that is not the
+# CPU, and those exist for CUDA only, so a CPU node could not run them. Recorded whole, the
+# node runs its own device's implementation (the CPU one, or cuDNN on a GPU).
+_WHOLE_RNN_OPS = ("lstm.input", "gru.input")
+_WHOLE_OPS = ("scaled_dot_product_attention",) + _WHOLE_RNN_OPS
 
 
 def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -130,6 +137,30 @@ def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.aten.scaled_dot_product_attention.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _rnn_autograd(op):
+    """aten::lstm.input / aten::gru.input at the autograd level of remote_accelerator: recorded
+    whole below autograd (inference), or, when a gradient must flow through it, PyTorch's own
+    decomposition into differentiable ops (`torch._decomp`: matmuls, sigmoid, tanh per step),
+    which autograd differentiates and the node runs forward and backward."""
+
+    def requires_grad(args) -> bool:
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return True
+            if isinstance(a, (list, tuple)) and requires_grad(a):
+                return True
+        return False
+
+    def kernel(*args):
+        if torch.is_grad_enabled() and requires_grad(args):
+            from torch._decomp import decomposition_table
+            return decomposition_table[op](*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    return kernel
 
 
 def _never_called(name: str):

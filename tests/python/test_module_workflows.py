@@ -124,3 +124,20 @@ def test_batch_norm_statistics_update_when_the_output_is_discarded():
     torch.optim.swa_utils.update_bn(batches, remote, device=torch.device(DEV))
     for name, buffer in model.named_buffers():
         assert torch.allclose(dict(remote.named_buffers())[name].cpu(), buffer), name
+
+
+@pytest.mark.parametrize("layer", ["RNN", "LSTM", "GRU"])
+def test_recurrent_layers_match_the_cpu(layer):
+    # PyTorch's composite LSTM/GRU choose CUDA-only fused cells for any non-CPU device; on
+    # remote_accelerator they are recorded whole (inference) or decomposed (training).
+    torch.manual_seed(0)
+    local = getattr(torch.nn, layer)(6, 5, num_layers=2, batch_first=True, bidirectional=True)
+    remote = copy.deepcopy(local).to(DEV)
+    x = torch.randn(3, 4, 6)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            torch.testing.assert_close(remote(x.to(DEV))[0].cpu(), local(x)[0])
+    local(x)[0].square().sum().backward()
+    remote(x.to(DEV))[0].square().sum().backward()
+    for (name, p), q in zip(local.named_parameters(), remote.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name)

@@ -21,6 +21,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+import torch
+
 from .errors import GenieConnectionError, GenieError
 
 
@@ -66,9 +68,13 @@ class EmbeddedNode:
         os.chmod(self._token_file, 0o600)
         env = dict(os.environ)
         env.setdefault("GENIE_LOG_LEVEL", "warn")
-        self.process = subprocess.Popen(
-            [self.binary, "--listen", "127.0.0.1:0", "--device", self.device, "--auth-token-file", self._token_file],
-            stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+        args = [self.binary, "--listen", "127.0.0.1:0", "--device", self.device, "--auth-token-file", self._token_file]
+        # Operator libraries this process loaded (torchvision's ops, through torch.ops.load_library
+        # when torchvision is imported): the node loads them too, so graphs may name their ops.
+        # A library loaded after the node started is not seen by it (its ops: UnknownOp).
+        for library in sorted(torch.ops.loaded_libraries):
+            args += ["--load-library", library]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
         line = self._read_line(timeout_s=30.0)
         marker = "listening on "
         if marker not in line:

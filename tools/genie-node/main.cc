@@ -3,6 +3,7 @@
 //
 //   genie-node --listen 0.0.0.0:7070 --device cpu --memory-limit 16G --auth-token-file token
 //   genie-node --stats 127.0.0.1:7070 [--auth-token-file token]
+#include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
 
@@ -11,6 +12,8 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -108,8 +111,22 @@ int main(int argc, char** argv) {
                  "keep freed host memory for reuse instead of returning it to the OS (true/false)")
       ->envname("GENIE_NODE_RETAIN_HOST_MEMORY")
       ->capture_default_str();
+  std::vector<std::string> libraries;
+  app.add_option("--load-library", libraries,
+                 "a shared library of operators to load before serving (dlopen), e.g. torchvision's "
+                 "_C_stable.so, so that graphs may name its ops (torchvision::nms); repeatable, or "
+                 "':'-separated in the environment variable")
+      ->envname("GENIE_NODE_LOAD_LIBRARY")
+      ->delimiter(':');
   CLI11_PARSE(app, argc, argv);
   if (retain_host_memory) retainHostMemory();
+  for (const std::string& library : libraries) {
+    // RTLD_GLOBAL as torch.ops.load_library: its static initializers register the operators.
+    if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      std::fprintf(stderr, "genie-node: --load-library %s: %s\n", library.c_str(), dlerror());
+      return 2;
+    }
+  }
   genie::logToStderr("genie-node");
   if (!genie::setLogLevel(log_level)) {
     std::fprintf(stderr, "genie-node: unknown --log-level '%s'\n", log_level.c_str());

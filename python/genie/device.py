@@ -108,7 +108,22 @@ def register() -> None:
     _library.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
     for name in _WHOLE_RNN_OPS:
         _library.impl(name, _rnn_autograd(getattr(aten, name.split(".")[0]).input), "AutogradPrivateUse1")
+    _library.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     _registered = True
+
+
+def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                           zero_infinity=False):
+    """aten::ctc_loss.Tensor at the autograd level of remote_accelerator: the lengths may be CPU
+    tensors beside device log_probs, as PyTorch allows on CUDA (`F.ctc_loss`); they are moved
+    to the device (small uploads), then PyTorch's composite runs as for any device. Under
+    torch.inference_mode() (no autograd keys) this kernel is not reached and CPU lengths give
+    PyTorch's device-mismatch error."""
+    device = log_probs.device
+    input_lengths = input_lengths.to(device)
+    target_lengths = target_lengths.to(device)
+    return torch.ops.aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank,
+                                                    reduction, zero_infinity)
 
 
 # Recurrent layers kept whole as well: PyTorch's composite LSTM and GRU pick the fused cells

@@ -141,3 +141,21 @@ def test_recurrent_layers_match_the_cpu(layer):
     remote(x.to(DEV))[0].square().sum().backward()
     for (name, p), q in zip(local.named_parameters(), remote.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ctc_loss_takes_lengths_on_the_host(reduction):
+    # As on CUDA, F.ctc_loss's lengths may be CPU tensors beside device log-probabilities.
+    torch.manual_seed(0)
+    logits = torch.randn(12, 2, 6)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
+    input_lengths, target_lengths = torch.tensor([12, 9]), torch.tensor([4, 2])
+    results = []
+    for device in ("cpu", DEV):
+        x = logits.to(device).detach().requires_grad_()
+        loss = torch.nn.functional.ctc_loss(x.log_softmax(2), targets.to(device), input_lengths, target_lengths,
+                                            reduction=reduction)
+        loss.sum().backward()
+        results.append((loss.detach().cpu(), x.grad.cpu()))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1])

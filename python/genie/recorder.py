@@ -92,7 +92,7 @@ def op_info(func) -> OpInfo:
                 alias_to_arg[name] = where
             if arg.alias_info.is_write:
                 writes.append(where)
-    writes.extend(w for w in _UNDECLARED_WRITES.get(schema.name + "." + schema.overload_name, ()) if w not in writes)
+    writes.extend(w for w in _UNDECLARED_WRITES.get(op_name(func), ()) if w not in writes)
     returns = []
     tensor_returns = True
     list_return = False
@@ -125,7 +125,7 @@ def op_info(func) -> OpInfo:
 # forward whose output is discarded (torch.optim.swa_utils.update_bn) would be dropped as dead
 # and the statistics never updated. (In eval mode the node is then kept where it could be
 # dropped: conservative.)
-_UNDECLARED_WRITES = {"aten::native_batch_norm.": (3, 4)}
+_UNDECLARED_WRITES = {"aten::native_batch_norm": (3, 4)}
 
 _LIST_ALIAS = re.compile(r"^Tensor\((\w+)\)\[\]$")
 

@@ -93,6 +93,12 @@ class EmbeddedNode:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def disown(self) -> None:
+        """In a forked child: the process and its token file are the parent's; forget them."""
+        self.process = None
+        self._token_file = None
+        self.address = None
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
@@ -134,6 +140,8 @@ _lock = threading.Lock()
 def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None) -> Session:
     """Chooses the nodes (see module docstring). Idempotent without arguments."""
     global _session
+    if _forked_from is not None:
+        raise forked_error("genie.init")
     with _lock:
         if _session is not None and server is None:
             return _session
@@ -188,3 +196,31 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+_forked_from: int | None = None  # in a forked child: the parent's pid
+
+
+def forked_error(what: str) -> GenieConnectionError:
+    """The error for any use of remote_accelerator in a forked child."""
+    return GenieConnectionError(
+        f"{what}: this process (pid {os.getpid()}) is a fork of pid {_forked_from}, which holds the "
+        "connections and the tensors on remote_accelerator; a forked child cannot use them, nor make new "
+        "ones (UCX does not survive fork). Start processes that use remote_accelerator with the 'spawn' "
+        "start method")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (os.fork, multiprocessing's fork start method, DataLoader workers) owns
+    none of the parent's sessions: the embedded node is the parent's (not stopped at the
+    child's exit), and any use of remote_accelerator raises `forked_error`. The lock is made
+    anew: another thread of the parent may have held it."""
+    global _session, _lock, _forked_from
+    _forked_from = os.getppid()
+    _lock = threading.Lock()
+    if _session is not None and _session.embedded is not None:
+        _session.embedded.disown()
+    _session = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -79,6 +79,7 @@ class Runtime:
         self._refs: dict[int, weakref.ref] = {}  # id(cell) -> the Cell of each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
         self._rng_state_desc: tuple | None = None  # the node generator's state: (shape, strides, offset, dtype)
+        self.forked = False  # set in a forked child: the connection was the parent's
         if _seed is not None:
             self.manual_seed(_seed)
 
@@ -86,6 +87,9 @@ class Runtime:
 
     def connection(self):
         if self.client is None:
+            if self.forked:
+                from ._session import forked_error
+                raise forked_error(str(self.device))
             self.client = self._connect()
             self.graphs.clear()
             self._rng_state_desc = None
@@ -754,6 +758,25 @@ def _freeze_gc_once() -> None:
 
 def all_runtimes() -> list[Runtime]:
     return list(_runtimes.values())
+
+
+def _after_fork_in_child() -> None:
+    """`os.fork` (and multiprocessing's fork start method) copies the parent's runtimes and
+    their clients into the child, but the connections, the node's sessions and the progress
+    threads stay the parent's. The child never uses or destroys them: destroying a copied UCX
+    worker aborts (UCX checks the pid) and would say Goodbye for the parent. Each client is
+    leaked on purpose (one reference more, never dropped); the copied runtimes refuse further
+    use (`Runtime.connection`), as does any new one (`genie._session.forked_error`)."""
+    import ctypes
+    for runtime in _runtimes.values():
+        if runtime.client is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(runtime.client))
+            runtime.client = None
+        runtime.forked = True
+        runtime.in_flight = {}
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def reset_runtimes() -> None:

@@ -95,3 +95,40 @@ def test_node_killed_while_a_request_waits(async_chunk):
     assert 0.4 < time.monotonic() - start < 5
     z = torch.randn(3, 3)
     assert torch.equal(z.to(DEV).cpu(), z)  # a new embedded node
+
+
+FORK_PROGRAM = r"""
+import os, sys, torch, genie
+dev = "remote_accelerator:0"
+x = torch.arange(4.0, device=dev) * 2
+x.cpu()  # resident: the session is connected
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child reports, then exits normally: atexit handlers and finalizers run
+    os.close(read)
+    report = []
+    for attempt in (lambda: (x + 1).cpu(), lambda: torch.ones(2, device=dev).cpu()):
+        try:
+            attempt()
+            report.append("no error")
+        except genie.GenieConnectionError as error:
+            report.append("fork" in str(error) and "spawn" in str(error))
+    os.write(write, repr(report).encode())
+    sys.exit(0)
+os.close(write)
+_, status = os.waitpid(pid, 0)
+with os.fdopen(read) as f:
+    print("child", os.waitstatus_to_exitcode(status), f.read())
+print("parent", (x + 1).cpu().tolist())
+"""
+
+
+def test_a_forked_child_neither_uses_nor_tears_down_the_parents_session():
+    # A fresh interpreter: the child must exit as a program does, not inside pytest.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORK_PROGRAM], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("child", "parent"))]
+    assert lines == ["child 0 [True, True]", "parent [1.0, 3.0, 5.0, 7.0]"], done.stdout[-2000:]

@@ -107,7 +107,8 @@ def register() -> None:
         _library.impl(name, _never_called(name), "PrivateUse1")
     _library.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
     for name in _WHOLE_RNN_OPS:
-        _library.impl(name, _rnn_autograd(getattr(aten, name.split(".")[0]).input), "AutogradPrivateUse1")
+        packet, overload = name.split(".")
+        _library.impl(name, _rnn_autograd(getattr(getattr(aten, packet), overload)), "AutogradPrivateUse1")
     _library.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     _registered = True
 
@@ -145,13 +146,26 @@ def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     and backward. The client cannot choose a fused kernel with a backward for the node's
     device (CPU flash, CUDA flash or memory-efficient); the math path is correct on every
     device, within float rounding of the fused kernels."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (query, key, value, attn_mask)):
+    if _gradient_flows((query, key, value, attn_mask)):
         return torch.ops.aten._scaled_dot_product_attention_math.default(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.aten.scaled_dot_product_attention.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _gradient_flows(args) -> bool:
+    """Grad mode is on and a tensor among `args` (or in a list or tuple among them) requires grad."""
+    return torch.is_grad_enabled() and _requires_grad(args)
+
+
+def _requires_grad(args) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+        if isinstance(a, (list, tuple)) and _requires_grad(a):
+            return True
+    return False
 
 
 def _rnn_autograd(op):
@@ -160,16 +174,8 @@ def _rnn_autograd(op):
     decomposition into differentiable ops (`torch._decomp`: matmuls, sigmoid, tanh per step),
     which autograd differentiates and the node runs forward and backward."""
 
-    def requires_grad(args) -> bool:
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                return True
-            if isinstance(a, (list, tuple)) and requires_grad(a):
-                return True
-        return False
-
     def kernel(*args):
-        if torch.is_grad_enabled() and requires_grad(args):
+        if _gradient_flows(args):
             from torch._decomp import decomposition_table
             return decomposition_table[op](*args)
         with torch._C._AutoDispatchBelowAutograd():

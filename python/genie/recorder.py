@@ -477,14 +477,10 @@ def record_op(func, args: tuple, kwargs: dict):
         node = Node(func, rec_args, rec_kwargs, 1)
         runtime.record(node)
         desc, contiguous, view_of = single
-        if view_of >= 0 and type(args[view_of]) is LazyTensor:
-            base = args[view_of]
-            value = Value(node, 0, base._cell.value.storage, desc[3])
-            node.outputs = (value,)
-            return LazyTensor._make(desc, contiguous, value, runtime, base)
-        value = Value(node, 0, Storage(), desc[3])
+        base = args[view_of] if view_of >= 0 and type(args[view_of]) is LazyTensor else None
+        value = Value(node, 0, Storage() if base is None else base._cell.value.storage, desc[3])
         node.outputs = (value,)
-        return LazyTensor._make(desc, contiguous, value, runtime)
+        return LazyTensor._make(desc, contiguous, value, runtime, base)
     info, descs = plan.info, plan.descs
     node = _record(runtime, func, info, args, kwargs, rec_args, rec_kwargs, len(descs))
     wrapped = _wrap_outputs(runtime, node, info, args, kwargs, descs)

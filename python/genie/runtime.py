@@ -79,7 +79,6 @@ class Runtime:
         self._refs: dict[int, weakref.ref] = {}  # id(cell) -> the Cell of each live LazyTensor
         self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
         self._rng_state_desc: tuple | None = None  # the node generator's state: (shape, strides, offset, dtype)
-        self.forked = False  # set in a forked child: the connection was the parent's
         if _seed is not None:
             self.manual_seed(_seed)
 
@@ -87,9 +86,9 @@ class Runtime:
 
     def connection(self):
         if self.client is None:
-            if self.forked:
-                from ._session import forked_error
-                raise forked_error(str(self.device))
+            from . import _session
+            if _session._forked_from is not None:  # the client was the parent's (_after_fork_in_child)
+                raise _session.forked_error(str(self.device))
             self.client = self._connect()
             self.graphs.clear()
             self._rng_state_desc = None
@@ -765,14 +764,13 @@ def _after_fork_in_child() -> None:
     their clients into the child, but the connections, the node's sessions and the progress
     threads stay the parent's. The child never uses or destroys them: destroying a copied UCX
     worker aborts (UCX checks the pid) and would say Goodbye for the parent. Each client is
-    leaked on purpose (one reference more, never dropped); the copied runtimes refuse further
-    use (`Runtime.connection`), as does any new one (`genie._session.forked_error`)."""
+    leaked on purpose (one reference more, never dropped); then every runtime refuses further
+    use (`Runtime.connection`, `genie._session.forked_error`)."""
     import ctypes
     for runtime in _runtimes.values():
         if runtime.client is not None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(runtime.client))
             runtime.client = None
-        runtime.forked = True
         runtime.in_flight = {}
 
 

@@ -41,12 +41,16 @@ def run(block: torch.nn.Module, x: torch.Tensor):
         return h, positions, y
 
 
-def test_a_module_forward_matches_the_cpu():
+def run_on_both():
+    """`run` of one Block on the CPU and on the device: ((h, positions, y), (the same on the device))."""
     torch.manual_seed(0)
     block = Block().eval()
     x = torch.randn(5, 8)
-    h, positions, y = run(block, x)
-    hd, positions_d, yd = run(copy.deepcopy(block).to(DEV), x.to(DEV))
+    return run(block, x), run(copy.deepcopy(block).to(DEV), x.to(DEV))
+
+
+def test_a_module_forward_matches_the_cpu():
+    (h, positions, y), (hd, positions_d, yd) = run_on_both()
     assert torch.equal(h, hd.cpu())
     assert torch.equal(positions, positions_d.cpu())
     assert torch.equal(y, yd.cpu())
@@ -54,11 +58,7 @@ def test_a_module_forward_matches_the_cpu():
 
 
 def test_inference_tensors_are_the_same_as_on_the_cpu():
-    torch.manual_seed(0)
-    block = Block().eval()
-    x = torch.randn(5, 8)
-    h, positions, y = run(block, x)
-    hd, positions_d, yd = run(copy.deepcopy(block).to(DEV), x.to(DEV))
+    (h, positions, y), (hd, positions_d, yd) = run_on_both()
     assert (torch.is_inference(h), torch.is_inference(positions), torch.is_inference(y)) == (True, False, True)
     assert (torch.is_inference(hd), torch.is_inference(positions_d), torch.is_inference(yd)) == (True, False, True)
     # A view of an inference tensor is one too, inside or outside inference mode.

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,7 @@
 
 #include "bindings.h"
 #include "genie/client/client.h"
+#include "genie/log.h"
 #include "genie/wire/torch_dtype.h"
 
 #ifndef GENIE_SOURCE_DIR
@@ -531,6 +533,12 @@ PYBIND11_MODULE(_C, m) {
       "Genie's C++ extension: the client of genie-node (UCX transport, FlatBuffers wire), the graph "
       "encoder, and the remote_accelerator (PrivateUse1) device guard. Handles and graph ids are "
       "16 bytes (hi then lo, big-endian; .hex() is the node's spelling). Errors: genie.errors.";
+
+  // The program's standard output is its own: the client logs to standard error, warnings and
+  // errors only unless GENIE_LOG_LEVEL says otherwise (as for the embedded node).
+  genie::logToStderr("genie");
+  const char* level = std::getenv("GENIE_LOG_LEVEL");
+  if (level == nullptr || !genie::setLogLevel(level)) genie::setLogLevel("warn");
 
   bindLazyWrapper(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),

@@ -74,7 +74,11 @@ class EmbeddedNode:
         # A library loaded after the node started is not seen by it (its ops: UnknownOp).
         for library in sorted(torch.ops.loaded_libraries):
             args += ["--load-library", library]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+        # The node's stdin is a pipe only this process writes to: when this process ends in any
+        # way (killed by a signal included), the pipe closes and the node shuts itself down.
+        args += ["--watch-fd", "0"]
+        self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                        text=True, env=env)
         line = self._read_line(timeout_s=30.0)
         marker = "listening on "
         if marker not in line:
@@ -94,7 +98,13 @@ class EmbeddedNode:
         return self.process is not None and self.process.poll() is None
 
     def disown(self) -> None:
-        """In a forked child: the process and its token file are the parent's; forget them."""
+        """In a forked child: the process and its token file are the parent's; forget them.
+        The child's copy of the node's stdin is closed, so the node ends with the parent."""
+        if self.process is not None and self.process.stdin is not None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
         self.process = None
         self._token_file = None
         self.address = None
@@ -107,6 +117,8 @@ class EmbeddedNode:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
         if self._token_file and os.path.exists(self._token_file):
             os.unlink(self._token_file)
         self._token_file = None

@@ -132,3 +132,52 @@ def test_a_forked_child_neither_uses_nor_tears_down_the_parents_session():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith(("child", "parent"))]
     assert lines == ["child 0 [True, True]", "parent [1.0, 3.0, 5.0, 7.0]"], done.stdout[-2000:]
+
+
+OWNER_PROGRAM = r"""
+import sys, time, torch, genie
+torch.ones(2, device="remote_accelerator:0").cpu()  # starts the embedded node
+print(genie._session.session().embedded.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _process_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_the_embedded_node_ends_when_its_owner_is_killed():
+    # SIGKILL runs no atexit handler: the node sees its --watch-fd pipe close and shuts down.
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_PROGRAM], stdout=subprocess.PIPE, text=True)
+    node_pid = None
+    try:
+        node_pid = int(owner.stdout.readline())
+        assert not _process_gone(node_pid, within_s=0.5)  # serving while its owner lives
+        owner.kill()
+        owner.wait()
+        # The node was started by the owner, so it is reparented, not our child: poll its pid.
+        assert _process_gone(node_pid, within_s=10), f"genie-node {node_pid} outlived its owner"
+    finally:
+        owner.kill()
+        if node_pid is not None and not _process_gone(node_pid, within_s=0):
+            os.kill(node_pid, signal.SIGKILL)  # the test failed: leave no node behind
+
+
+def test_genie_node_refuses_a_watch_fd_that_is_not_open():
+    import subprocess
+    from genie import _C
+
+    done = subprocess.run([_C.node_binary(), "--listen", "127.0.0.1:0", "--watch-fd", "57"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--watch-fd 57" in done.stderr, done.stderr

@@ -4,8 +4,14 @@
 //   genie-node --listen 0.0.0.0:7070 --device cpu --memory-limit 16G --auth-token-file token
 //   genie-node --stats 127.0.0.1:7070 [--auth-token-file token]
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <thread>
 
 #include <cstdio>
 #include <fstream>
@@ -118,6 +124,13 @@ int main(int argc, char** argv) {
                  "':'-separated in the environment variable")
       ->envname("GENIE_NODE_LOAD_LIBRARY")
       ->delimiter(':');
+  int watch_fd = -1;
+  app.add_option("--watch-fd", watch_fd,
+                 "a file descriptor (a pipe's read end) whose writer owns this node: when every write "
+                 "end is closed (the owner exited, even killed by a signal), the node shuts down as on "
+                 "SIGTERM; -1: none")
+      ->envname("GENIE_NODE_WATCH_FD")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (retain_host_memory) retainHostMemory();
   for (const std::string& library : libraries) {
@@ -156,6 +169,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "genie-node: %s\n", transport.status().message().c_str());
     return 2;
   }
+  if (watch_fd >= 0 && fcntl(watch_fd, F_GETFD) == -1) {
+    std::fprintf(stderr, "genie-node: --watch-fd %d is not an open file descriptor\n", watch_fd);
+    return 2;
+  }
   config.transport = *transport;
   config.memory_limit = *limit;
   config.device = device;
@@ -175,9 +192,29 @@ int main(int argc, char** argv) {
   }
   std::printf("genie-node listening on %s:%u (device %s)\n", config.host.c_str(), (*service)->port(), device.c_str());
   std::fflush(stdout);
+  static std::atomic<bool> owner_gone{false};
+  if (watch_fd >= 0) {
+    // Reads until end of file (bytes written to the pipe are ignored), then wakes the sigwait
+    // below. The thread inherits the blocked signal mask; it is left blocked in read() when the
+    // node stops for another reason and ends with the process.
+    std::thread([watch_fd] {
+      char discard[256];
+      for (;;) {
+        ssize_t n = read(watch_fd, discard, sizeof discard);
+        if (n > 0 || (n < 0 && errno == EINTR)) continue;
+        break;
+      }
+      owner_gone.store(true);
+      kill(getpid(), SIGTERM);
+    }).detach();
+  }
   int signal = 0;
   sigwait(&signals, &signal);
-  GENIE_LOG_INFO("genie-node: signal {}: shutting down", signal);
+  if (owner_gone.load()) {
+    GENIE_LOG_INFO("genie-node: --watch-fd {} closed (the owning process exited): shutting down", watch_fd);
+  } else {
+    GENIE_LOG_INFO("genie-node: signal {}: shutting down", signal);
+  }
   (*service)->stop();
   return 0;
 }

@@ -7,6 +7,7 @@
 // current device index.
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -59,10 +60,32 @@ struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
   at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
 };
 
-/// Registered when genie._C is loaded (PyTorch keeps the pointer for the process's life).
+/// The device's allocator: remote_accelerator memory lives on the node, so a storage cannot be
+/// allocated here. Without an allocator c10 dereferences a null pointer (a segfault) when
+/// Python asks for one: `torch.UntypedStorage(n, device=...)`, `storage.to(device)`, and so
+/// `torch.load(f, map_location="remote_accelerator")`. This one raises a RuntimeError saying
+/// what to do instead. Zero bytes are allowed (an empty storage holds nothing).
+struct RemoteAcceleratorAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    TORCH_CHECK(n == 0, "remote_accelerator: a storage of ", n,
+                " bytes cannot be allocated on the device from the host (torch.UntypedStorage(device=...), "
+                "Storage.to(device), torch.load(map_location='remote_accelerator')): device memory lives on "
+                "genie-node. Create the tensors on the CPU and move them, e.g. "
+                "model.load_state_dict(torch.load(f, map_location='cpu')) on a model already moved with "
+                ".to('remote_accelerator'), or tensor.to('remote_accelerator')");
+    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, t_current_device));
+  }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t count) const override {
+    TORCH_CHECK(count == 0, "remote_accelerator: device memory is not addressable from the host");
+  }
+};
+
+/// Registered when genie._C is loaded (PyTorch keeps the pointers for the process's life).
 const bool g_hooks_registered = [] {
   static RemoteAcceleratorHooks hooks;
   at::RegisterPrivateUse1HooksInterface(&hooks);
+  static RemoteAcceleratorAllocator allocator;
+  c10::SetAllocator(c10::DeviceType::PrivateUse1, &allocator);
   return true;
 }();
 

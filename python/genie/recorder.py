@@ -633,6 +633,24 @@ def _is_pinned(func, args, kwargs):
     return False
 
 
+def _no_nested_tensors(func, args, kwargs):
+    """aten::_nested_tensor_from_mask_left_aligned: remote_accelerator has no nested-tensor
+    layout, so its answer to "can this padded batch become a nested tensor?" is False. This is
+    the question nn.TransformerEncoder asks (with its default mask_check) before its inference
+    fast path converts the batch; on False it stays dense, as PyTorch does for a device or
+    configuration without that path. Its outputs then equal the CPU's with
+    `enable_nested_tensor=False` everywhere, and the CPU's default at every non-padded position
+    (the nested path writes zeros at padded positions)."""
+    return False
+
+
+def _nested_tensor_from_mask(func, args, kwargs):
+    raise NotImplementedError(
+        f"{op_name(func)}: nested tensors are not supported on remote_accelerator (nn.TransformerEncoder "
+        "with mask_check=False takes this path in eval mode under no_grad); build the encoder with "
+        "enable_nested_tensor=False, or keep mask_check=True (the default)")
+
+
 def record_factory(func, args, kwargs):
     """A factory op on the remote device (`aten::empty.memory_format`, ...): a pending value."""
     from .runtime import runtime_for
@@ -655,6 +673,8 @@ def _special_table():
         aten.detach.default: _same_value_view,
         aten.alias.default: _same_value_view,
         aten.lift_fresh.default: _same_value_view,
+        aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
+        aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
     }
     return {id(op): handler for op, handler in table.items()}  # by id: hashing an OpOverload runs Python
 

@@ -70,6 +70,20 @@ def test_state_dict_saves_as_cpu_tensors():
     assert torch.equal(fresh(X.to(DEV)).cpu(), _mlp()(X))
 
 
+def test_loading_straight_onto_the_device_raises_a_clear_error():
+    # torch.load(map_location=device) allocates the storages on the device from the host;
+    # remote_accelerator memory lives on the node (a null allocator segfaulted here before).
+    buffer = io.BytesIO()
+    torch.save(_mlp().state_dict(), buffer)
+    buffer.seek(0)
+    with pytest.raises(RuntimeError, match="map_location='cpu'"):
+        torch.load(buffer, map_location=DEV)
+    with pytest.raises(RuntimeError, match="cannot be allocated on the device"):
+        torch.UntypedStorage(16, device=DEV)
+    assert torch.UntypedStorage(0, device=DEV).nbytes() == 0
+    assert torch.equal(_mlp().to(DEV)(X.to(DEV)).cpu(), _mlp()(X))  # and the device works on
+
+
 def test_autocast_runs_matmuls_in_the_autocast_dtype():
     model = torch.nn.Sequential(_mlp(), torch.nn.Softmax(-1)).to(DEV)
     with torch.autocast("remote_accelerator", dtype=torch.bfloat16):
@@ -159,3 +173,26 @@ def test_ctc_loss_takes_lengths_on_the_host(reduction):
         results.append((loss.detach().cpu(), x.grad.cpu()))
     torch.testing.assert_close(results[1][0], results[0][0])
     torch.testing.assert_close(results[1][1], results[0][1])
+
+
+def _encoder(**kwargs) -> torch.nn.TransformerEncoder:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, 2, **kwargs).eval()
+
+
+def test_transformer_encoder_inference_with_a_padding_mask():
+    # In eval mode under no_grad, nn.TransformerEncoder converts a padded batch to a nested
+    # tensor, which remote_accelerator does not have: it stays dense (the mask check answers
+    # False), so its outputs equal the CPU's without nested tensors, and the CPU's default at
+    # every non-padded position.
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        nested = _encoder()(x, src_key_padding_mask=mask)
+        dense = _encoder(enable_nested_tensor=False)(x, src_key_padding_mask=mask)
+        out = _encoder().to(DEV)(x.to(DEV), src_key_padding_mask=mask.to(DEV)).cpu()
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[~mask], nested[~mask], atol=1e-5, rtol=1e-5)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+        _encoder(mask_check=False).to(DEV)(x.to(DEV), src_key_padding_mask=mask.to(DEV))

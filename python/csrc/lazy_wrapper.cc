@@ -18,6 +18,15 @@
 // counter with it. A wrapper for a view output is given its `base` and made with the base's
 // inference status; without that, a slice of a module buffer in inference mode fails with
 // "Cannot set version_counter for inference tensor".
+//
+// Storages and data pointers: as on any accelerator, a storage's data pointer is a device
+// address the host never dereferences. Each new value's storage gets a range of its own in an
+// address space that no host mapping can overlap (non-canonical x86-64 addresses, from 2^62:
+// a stray host dereference faults at once), and a view shares its base's storage. So
+// `untyped_storage().data_ptr()` identifies a storage and `data_ptr()` an element, as on CUDA:
+// libraries that tell tied or shared tensors apart that way (transformers' save_pretrained,
+// safetensors) work. A storage with a null pointer is an "invalid python storage" to PyTorch,
+// whose data_ptr() raises.
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
@@ -27,6 +36,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -57,6 +68,18 @@ bool readInts(PyObject* seq, const char* what, c10::SmallVector<int64_t, 6>& out
   return true;
 }
 
+/// The next free device address (see the top of this file). Ranges are 512-byte aligned, as
+/// CUDA's allocations are, and never reused: 2^62 bytes outlast any process.
+std::atomic<uint64_t> g_next_device_address{uint64_t{1} << 62};
+
+/// A storage of `nbytes` for a new value: a range of its own in the device address space.
+c10::Storage newStorage(size_t nbytes, c10::Device device) {
+  const uint64_t span = (std::max<uint64_t>(nbytes, 1) + 511) & ~uint64_t{511};
+  void* address = reinterpret_cast<void*>(g_next_device_address.fetch_add(span, std::memory_order_relaxed));
+  return c10::Storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(address, device),
+                      c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+}
+
 /// make_wrapper(cls, shape, strides, storage_offset, dtype, device_index[, base]) -> cls instance.
 PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -69,13 +92,15 @@ PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   }
   // The view's base: the wrapper gets its inference status (see the top of this file).
   std::optional<bool> inference;
+  const at::Tensor* base = nullptr;
   if (nargs == 7 && args[6] != Py_None) {
     if (!THPVariable_Check(args[6])) {
       PyErr_Format(PyExc_TypeError, "make_wrapper: base must be a torch.Tensor or None, got %s",
                    Py_TYPE(args[6])->tp_name);
       return nullptr;
     }
-    const bool base_inference = THPVariable_Unpack(args[6]).is_inference();
+    base = &THPVariable_Unpack(args[6]);
+    const bool base_inference = base->is_inference();
     if (base_inference != c10::InferenceMode::is_enabled()) inference = base_inference;
   }
   PyObject* cls = args[0];
@@ -114,8 +139,10 @@ PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
     const size_t nbytes = has_strides
                               ? at::detail::computeStorageNbytes(sizes, strides, itemsize, offset)
                               : at::detail::computeStorageNbytesContiguous(sizes, itemsize);
-    c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(nullptr, device),
-                         c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    // A view shares its base's storage when the base's covers it (a base on this device).
+    const bool share = base != nullptr && base->has_storage() && base->device() == device &&
+                       base->storage().nbytes() >= nbytes;
+    c10::Storage storage = share ? base->storage() : newStorage(nbytes, device);
     std::optional<c10::InferenceMode> mode;  // the TensorImpl constructor reads it
     if (inference) mode.emplace(*inference);
     tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
@@ -143,7 +170,9 @@ PyMethodDef g_make_wrapper_def = {
     "(elements), dtype (torch.dtype). What torch.Tensor._make_wrapper_subclass makes for these "
     "arguments, without its argument parser. `base` (a tensor, optional): the output is a view of "
     "it and is an inference tensor exactly when `base` is one (as PyTorch's views), also inside "
-    "or outside torch.inference_mode(). TypeError/ValueError for bad arguments."};
+    "or outside torch.inference_mode(), and shares its storage (one data_ptr). A new value's "
+    "storage has a device address of its own, never dereferenced on the host. TypeError/ValueError "
+    "for bad arguments."};
 
 }  // namespace
 

@@ -651,6 +651,17 @@ def _nested_tensor_from_mask(func, args, kwargs):
         "enable_nested_tensor=False, or keep mask_check=True (the default)")
 
 
+def _storage_access(func, args, kwargs):
+    """aten::set_ onto a storage: what PyTorch does for element access to a storage itself
+    (`untyped_storage()[i]`, `.tolist()`, `.cpu()`, `.fill_()`, `.copy_()`). A remote_accelerator
+    storage has a device address but no host-visible bytes, and graphs carry tensors, not
+    storages."""
+    raise NotImplementedError(
+        f"{op_name(func)}: a remote_accelerator storage cannot be read or written as a storage "
+        "(untyped_storage()[i], .tolist(), .cpu(), .fill_(), .copy_()); use the tensor instead, "
+        "e.g. tensor.cpu().untyped_storage()")
+
+
 def record_factory(func, args, kwargs):
     """A factory op on the remote device (`aten::empty.memory_format`, ...): a pending value."""
     from .runtime import runtime_for
@@ -675,6 +686,8 @@ def _special_table():
         aten.lift_fresh.default: _same_value_view,
         aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
         aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
+        aten.set_.source_Storage: _storage_access,
+        aten.set_.source_Storage_storage_offset: _storage_access,
     }
     return {id(op): handler for op, handler in table.items()}  # by id: hashing an OpOverload runs Python
 

@@ -175,6 +175,35 @@ def test_ctc_loss_takes_lengths_on_the_host(reduction):
     torch.testing.assert_close(results[1][1], results[0][1])
 
 
+def test_storages_have_device_addresses_shared_by_views():
+    # As on CUDA: a storage's data_ptr identifies it (views share their base's), element
+    # pointers step by the item size, and distinct values never overlap.
+    x = torch.arange(8.0).to(DEV)
+    y = torch.arange(8.0).to(DEV)
+    view = x[2:]
+    assert x.untyped_storage().data_ptr() != 0
+    assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert view.data_ptr() - x.data_ptr() == 2 * x.element_size()
+    ends = sorted([(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in (x, y)])
+    assert ends[0][1] <= ends[1][0]
+    with pytest.raises(NotImplementedError, match="cannot be read or written as a storage"):
+        x.untyped_storage().tolist()
+    assert view.tolist() == list(range(2, 8))  # the pending work is intact
+
+
+def test_save_pretrained_from_the_device(tmp_path):
+    # transformers tells tied weights apart by storage pointer (safetensors' storage_ptr);
+    # an invalid python storage (a null pointer) made it raise.
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    expected = model(ids).logits
+    model.to(DEV).save_pretrained(tmp_path)
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(loaded(ids).logits, expected)
+
+
 def _encoder(**kwargs) -> torch.nn.TransformerEncoder:
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -503,6 +504,11 @@ class PyClient {
 
   std::string address_;
   std::unique_ptr<Client> client_;
+
+ public:
+  /// The calls that returned, and the last one's result (see `returning`).
+  uint64_t completed_calls = 0;
+  py::object last_result = py::none();
 };
 
 // ---- module functions -------------------------------------------------------------------
@@ -527,6 +533,27 @@ std::string nodeBinary() {
 
 /// Sets a remote_accelerator tensor's sizes, strides and storage offset (device_guard.cc).
 void setGeometry(const at::Tensor& tensor, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t storage_offset);
+
+/// A binding of a PyClient method that also records its result in the client before
+/// returning it. A KeyboardInterrupt (Ctrl-C while the call waited without the GIL) is raised
+/// by the interpreter as the call returns, discarding the result of work the node did; the
+/// caller then finds it in `last_result` (`completed_calls` says whether the call returned).
+template <typename R, typename... Args>
+auto returning(R (PyClient::*method)(Args...)) {
+  return [method](PyClient& self, Args... args) -> py::object {
+    py::object result = py::none();
+    if constexpr (std::is_void_v<R>) {
+      (self.*method)(std::forward<Args>(args)...);
+    } else if constexpr (std::is_base_of_v<py::object, R>) {
+      result = (self.*method)(std::forward<Args>(args)...);
+    } else {
+      result = py::cast((self.*method)(std::forward<Args>(args)...));
+    }
+    self.last_result = result;
+    ++self.completed_calls;
+    return result;
+  };
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
@@ -581,7 +608,13 @@ Every blocking method releases the GIL while it waits.
       .def_property_readonly("memory_limit", &PyClient::memoryLimit,
                              "The node's limit on resident tensors (bytes; 0 = unlimited).")
       .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
-      .def("put", &PyClient::put, py::arg("items"), R"doc(
+      .def_readonly("completed_calls", &PyClient::completed_calls,
+                    "How many put/get/register_graph/run_graph/run_graph_async calls returned.")
+      .def_readonly("last_result", &PyClient::last_result,
+                    "The result of the last of those calls to return. When Ctrl-C arrives while a call "
+                    "waits, Python raises KeyboardInterrupt as the call returns, after the node did the "
+                    "work: the caller recovers the result here (genie.runtime.Runtime._request).")
+      .def("put", returning(&PyClient::put), py::arg("items"), R"doc(
 put(items: list[tuple[bytes, torch.Tensor, int]]) -> None
 
 Stores CPU tensors on the node in one PutTensors: (16-byte handle, tensor, residency int).
@@ -591,7 +624,7 @@ its storage; several are copied into one payload first. Conjugate/negative views
 Raises TypeError/ValueError (not a CPU strided tensor, bad handle/residency), GenieRemoteError
 (DuplicateHandle, OutOfMemory, TooLarge), GenieConnectionError.
 )doc")
-      .def("get", &PyClient::get, py::arg("handles"), R"doc(
+      .def("get", returning(&PyClient::get), py::arg("handles"), R"doc(
 get(handles: list[bytes]) -> list[torch.Tensor]
 
 Fetches resident tensors in one GetTensors: CPU tensors with the node's dtype, shape, strides
@@ -605,14 +638,14 @@ free(handles: list[bytes]) -> None
 Frees resident tensors: one-way FreeTensors (want_reply=false), no round trip; unknown handles
 are ignored by the node. Raises GenieConnectionError if the connection is already gone.
 )doc")
-      .def("register_graph", &PyClient::registerGraph, py::arg("graph"), R"doc(
+      .def("register_graph", returning(&PyClient::registerGraph), py::arg("graph"), R"doc(
 register_graph(graph: bytes) -> bytes
 
 Registers serialized Graph bytes (encode_graph) and returns the 16-byte graph id (XXH3-128 of
 the bytes, computed by the node; registering the same bytes again is cheap). Raises
 GenieRemoteError (InvalidMessage, UnknownOp, SchemaMismatch: op_index names the node).
 )doc")
-      .def("run_graph", &PyClient::runGraph, py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
+      .def("run_graph", returning(&PyClient::runGraph), py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
            py::arg("outputs"), py::arg("free") = py::list(), R"doc(
 run_graph(graph_id: bytes, inputs, scalars, outputs, free=[]) -> list
 
@@ -629,7 +662,7 @@ Returns a list aligned with outputs: a CPU torch.Tensor (Return, ReturnAndKeep),
 (KeepAndDescribe), None (KeepResident). Raises GenieRemoteError (UnknownGraph, UnknownHandle,
 TorchError with op_index/op_name, OutOfMemory), GenieConnectionError, TypeError/ValueError.
 )doc")
-      .def("run_graph_async", &PyClient::runGraphAsync, py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
+      .def("run_graph_async", returning(&PyClient::runGraphAsync), py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
            py::arg("outputs"), py::arg("free") = py::list(), R"doc(
 run_graph_async(graph_id: bytes, inputs, scalars, outputs, free=[]) -> int
 

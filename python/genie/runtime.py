@@ -67,6 +67,7 @@ class Runtime:
         self.pending: list[Node] = []
         self.dead: list[Value] = []
         self.releasing: list[Value] = []  # resident values no tensor holds: their handles get freed
+        self._interrupt: KeyboardInterrupt | None = None  # see _request
         # Host bytes of uploaded weights -> (a weak reference to their host storage, their value).
         self._weights: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
         self.graphs = GraphCache()
@@ -118,11 +119,27 @@ class Runtime:
     def _request(self, method: str, *args):
         """One request to the node that waits for its reply."""
         client = self.connection()
+        returned_before = client.completed_calls
         try:
             return getattr(client, method)(*args)
         except GenieConnectionError as error:
             self._lost(error)
             raise
+        except KeyboardInterrupt as interrupt:
+            if client.completed_calls == returned_before:
+                raise
+            # Ctrl-C while the call waited (without the GIL): Python raises it as the call
+            # returns, after the node did the work. The books are kept with the call's result
+            # (the client records it) and the interrupt is raised once they agree with the
+            # node (`_raise_interrupt`), as a local program's state survives Ctrl-C.
+            self._interrupt = interrupt
+            return client.last_result
+
+    def _raise_interrupt(self) -> None:
+        """Raises the KeyboardInterrupt `_request` held back, if any."""
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt
 
     def _call(self, method: str, *args):
         """`_request`, then the report of failed asynchronous runs: the first one's error is
@@ -134,6 +151,7 @@ class Runtime:
             if failed is not None:
                 raise failed from error
             raise
+        self._raise_interrupt()
         failed = self._reap_async()
         if failed is not None:
             raise failed
@@ -234,6 +252,9 @@ class Runtime:
         try:
             cut = self._prepare_cut(nodes, [], [])
             request_id = self._request("run_graph_async", *cut.request)
+        except KeyboardInterrupt:
+            self.pending = pending  # Ctrl-C before the request left: nothing ran
+            raise
         except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
             if not isinstance(error, GenieConnectionError):
                 self.pending = self._after_failure(nodes, pending, error)
@@ -242,6 +263,7 @@ class Runtime:
         self._release_unneeded(pending)
         cut.keep()
         self.in_flight[request_id] = [v for v, _, _ in cut.kept]
+        self._raise_interrupt()
 
     def manual_seed(self, seed: int) -> None:
         """Seeds the node's generator (`genie::manual_seed`), in program order with the random
@@ -295,6 +317,9 @@ class Runtime:
         self._request("put", [(handle, data, residency)])  # no report of failed runs here: the handle would leak
         value = Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
         value.host = host_copy_of_upload(data)
+        if self._interrupt is not None:
+            self.releasing.append(value)  # no tensor will hold it: freed with the next request
+            self._raise_interrupt()
         return value
 
     def upload_tensor(self, cpu: torch.Tensor, residency: int):
@@ -518,6 +543,9 @@ class Runtime:
             results = self._request("run_graph", *cut.request)
         except GenieConnectionError:
             raise
+        except KeyboardInterrupt:
+            self.pending = pending  # Ctrl-C before the request left (see _request): nothing ran
+            raise
         except BaseException as error:
             failed = self._reap_async()
             if failed is not None:
@@ -529,6 +557,7 @@ class Runtime:
             raise
         self._release_unneeded(pending)
         cut.keep()
+        self._raise_interrupt()
         failed = self._reap_async([v for v, _, _ in cut.kept])
         if failed is not None:
             raise failed

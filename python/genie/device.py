@@ -109,17 +109,17 @@ def register() -> None:
     for name in _WHOLE_RNN_OPS:
         packet, overload = name.split(".")
         _library.impl(name, _rnn_autograd(getattr(getattr(aten, packet), overload)), "AutogradPrivateUse1")
-    _library.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
+    _library.impl("ctc_loss.Tensor", ctc_loss_on_device, "AutogradPrivateUse1")
     _registered = True
 
 
-def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
-                           zero_infinity=False):
-    """aten::ctc_loss.Tensor at the autograd level of remote_accelerator: the lengths may be CPU
-    tensors beside device log_probs, as PyTorch allows on CUDA (`F.ctc_loss`); they are moved
-    to the device (small uploads), then PyTorch's composite runs as for any device. Under
-    torch.inference_mode() (no autograd keys) this kernel is not reached and CPU lengths give
-    PyTorch's device-mismatch error."""
+def ctc_loss_on_device(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                       zero_infinity=False):
+    """aten::ctc_loss.Tensor on remote_accelerator: the lengths may be CPU tensors beside device
+    log_probs, as PyTorch allows on CUDA (`F.ctc_loss`); they are moved to the device (small
+    uploads), then PyTorch's composite runs as for any device. Registered at the autograd level;
+    under torch.inference_mode() (no autograd keys) the recorder calls it
+    (`recorder._ctc_loss_host_lengths`)."""
     device = log_probs.device
     input_lengths = input_lengths.to(device)
     target_lengths = target_lengths.to(device)
@@ -131,7 +131,7 @@ def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, bl
 # (`aten::_thnn_fused_lstm_cell`, `aten::_thnn_fused_gru_cell`) for any device that is not the
 # CPU, and those exist for CUDA only, so a CPU node could not run them. Recorded whole, the
 # node runs its own device's implementation (the CPU one, or cuDNN on a GPU).
-_WHOLE_RNN_OPS = ("lstm.input", "gru.input")
+_WHOLE_RNN_OPS = ("lstm.input", "gru.input", "lstm.data", "gru.data")  # .data: packed sequences
 _WHOLE_OPS = ("scaled_dot_product_attention",) + _WHOLE_RNN_OPS
 
 

@@ -205,6 +205,18 @@ class _Call:
         self.key = key
 
 
+class _HostTensor:
+    """A host tensor an op takes by design beside device tensors (a packed sequence's
+    `batch_sizes`, which PyTorch keeps on the CPU for every device): it travels inline with the
+    run (a `Constant`), and its values are part of the shape-cache key (the op's output shapes
+    depend on them)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 def _record_form(a, call: _Call):
     """The node's form of one argument; appends its part of the shape-cache key. Exact type
     tests first: `isinstance(x, torch.Tensor)` goes through torch's metaclass and is slow."""
@@ -238,6 +250,9 @@ def _record_form(a, call: _Call):
     if t is torch.device:
         call.key.append(a.type)
         return a
+    if t is _HostTensor:
+        call.key.append(("host", a.tensor.dtype, tuple(a.tensor.tolist())))
+        return Constant(a.tensor)
     if t is torch.Generator:
         # Random ops draw from the node's generator (seeded by torch.manual_seed); a local
         # generator cannot reach it. PyTorch's own error for a generator of another device:
@@ -273,6 +288,8 @@ def _meta_form(a):
         return _META
     if t is torch.Generator:
         return None
+    if t is _HostTensor:
+        return a.tensor
     return a
 
 
@@ -662,6 +679,61 @@ def _storage_access(func, args, kwargs):
         "e.g. tensor.cpu().untyped_storage()")
 
 
+def _rnn_with_batch_sizes(func, args, kwargs):
+    """aten::lstm.data / aten::gru.data (an RNN over a packed sequence, recorded whole, see
+    `device._WHOLE_RNN_OPS`): `batch_sizes` (args[1], int64 [T]) is a host tensor by design."""
+    data, batch_sizes = args[0], args[1]
+    if not isinstance(batch_sizes, LazyTensor):
+        args = (data, _HostTensor(batch_sizes.to(torch.int64)), *args[2:])
+    return record_op(func, args, kwargs)
+
+
+def _pack_padded_sequence(func, args, kwargs):
+    """aten::_pack_padded_sequence(input [T, B, *] or [B, T, *], lengths int64 [B] on the
+    host, batch_first) -> (data [sum(lengths), *], batch_sizes int64 [T] on the host), as
+    `torch.nn.utils.rnn.pack_padded_sequence` calls it (lengths sorted in decreasing order).
+    `batch_sizes` is computed on the host from `lengths`, where PyTorch keeps it for every
+    device; `data` is recorded as the time steps' valid rows, concatenated (slices and one
+    cat). Raises RuntimeError for lengths PyTorch refuses (not decreasing, 0, past T)."""
+    input, lengths = args[0], args[1]
+    batch_first = args[2] if len(args) > 2 else kwargs.get("batch_first", False)
+    if isinstance(lengths, LazyTensor):
+        raise RuntimeError(f"{op_name(func)}: 'lengths' argument should be a 1D CPU int64 tensor, "
+                           f"but got 1D {lengths.device} Long tensor")
+    lengths = lengths.to(torch.int64).tolist()
+    steps = input.shape[1] if batch_first else input.shape[0]
+    if any(n <= 0 for n in lengths):
+        raise RuntimeError(f"{op_name(func)}: Length of all samples has to be greater than 0, but found an "
+                           "element in 'lengths' that is <= 0")
+    if any(a < b for a, b in zip(lengths, lengths[1:])):
+        raise RuntimeError(f"{op_name(func)}: `lengths` array must be sorted in decreasing order when "
+                           "`enforce_sorted` is True. You can pass `enforce_sorted=False` to "
+                           "pack_padded_sequence and/or pack_sequence to sidestep this requirement "
+                           "if you do not need ONNX exportability.")
+    if lengths and lengths[0] > steps:
+        raise RuntimeError(f"{op_name(func)}: Expected sequence length to be larger than or equal to "
+                           f"{lengths[0]}, but got {steps}")
+    batch_sizes = [sum(1 for n in lengths if n > t) for t in range(lengths[0] if lengths else 0)]
+    time_major = input.transpose(0, 1) if batch_first else input
+    data = torch.cat([time_major[t, :size] for t, size in enumerate(batch_sizes)])
+    return data, torch.tensor(batch_sizes, dtype=torch.int64)
+
+
+def _pad_packed_sequence(func, args, kwargs):
+    """aten::_pad_packed_sequence(data, batch_sizes on the host, ...): a composite op, reached
+    here only under torch.inference_mode() (elsewhere PyTorch decomposes it above autograd). Its
+    decomposition slices `data` with the host `batch_sizes`, as it does above autograd."""
+    return func.decompose(*args, **kwargs)
+
+
+def _ctc_loss_host_lengths(func, args, kwargs):
+    """aten::ctc_loss.Tensor under torch.inference_mode() (elsewhere the same
+    `device.ctc_loss_on_device` runs above autograd): CPU lengths are moved to the device, then
+    PyTorch's composite runs."""
+    from .device import ctc_loss_on_device
+    return ctc_loss_on_device(*args, **kwargs)
+
+
 def record_factory(func, args, kwargs):
     """A factory op on the remote device (`aten::empty.memory_format`, ...): a pending value."""
     from .runtime import runtime_for
@@ -686,6 +758,11 @@ def _special_table():
         aten.lift_fresh.default: _same_value_view,
         aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
         aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
+        aten.lstm.data: _rnn_with_batch_sizes,
+        aten.gru.data: _rnn_with_batch_sizes,
+        aten._pack_padded_sequence.default: _pack_padded_sequence,
+        aten._pad_packed_sequence.default: _pad_packed_sequence,
+        aten.ctc_loss.Tensor: _ctc_loss_host_lengths,
         aten.set_.source_Storage: _storage_access,
         aten.set_.source_Storage_storage_offset: _storage_access,
     }

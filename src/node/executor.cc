@@ -12,6 +12,7 @@
 
 #include <mutex>
 #include <optional>
+#include <string_view>
 
 // The operators genie-node adds to the dispatcher; graphs name them like any aten op and the
 // executor runs them the same way (boxed, their Device argument rewritten to the node's
@@ -58,6 +59,7 @@ struct BoundArgument {
   enum class Kind : uint8_t {
     kLiteral,             // `literal` as is (ints, floats, None, dtype, device, ...)
     kTensor,              // values[value]
+    kHostTensor,          // values[value] in host memory (see kHostTensorArguments)
     kTensorList,          // values[ids...]
     kOptionalTensorList,  // values[ids...], -1 = None
     kIntListWithSlots,    // ints, some taken from scalar slots
@@ -79,6 +81,11 @@ namespace {
 
 // ---- compile: wire argument -> BoundArgument ------------------------------------------
 
+/// The tensor argument PyTorch keeps in host memory whatever the device: a packed sequence's
+/// `batch_sizes` (aten::lstm.data, gru.data, _pad_packed_sequence; ATen reads it on the host).
+/// Inline inputs are placed on the node's device, so such an argument is passed as a host copy.
+constexpr std::string_view kHostTensorArgument = "batch_sizes";
+
 class Binder {
  public:
   Binder(c10::Device device, uint32_t first_output_value) : device_(device), limit_(first_output_value) {}
@@ -99,7 +106,8 @@ class Binder {
       case c10::TypeKind::TensorType:
         if (auto number = wrappedNumber(wire_arg)) return literal(*number, out);
         if (kind != Value::TensorValue) break;
-        out.kind = BoundArgument::Kind::kTensor;
+        out.kind = argument.name() == kHostTensorArgument ? BoundArgument::Kind::kHostTensor
+                                                          : BoundArgument::Kind::kTensor;
         out.value = wire_arg.value_as_TensorValue()->value();
         if (out.value >= limit_) return fmt::format("refers to value {}, not produced before this op", out.value);
         return std::nullopt;
@@ -474,6 +482,11 @@ ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, st
       switch (arg.kind) {
         case BoundArgument::Kind::kLiteral: stack.push_back(arg.literal); break;
         case BoundArgument::Kind::kTensor: stack.emplace_back(values[arg.value]); break;
+        case BoundArgument::Kind::kHostTensor: {
+          const at::Tensor& t = values[arg.value];
+          stack.emplace_back(t.is_cpu() ? t : t.cpu());
+          break;
+        }
         case BoundArgument::Kind::kTensorList: {
           c10::List<at::Tensor> list;
           list.reserve(arg.ids.size());

@@ -173,6 +173,41 @@ def test_ctc_loss_takes_lengths_on_the_host(reduction):
         results.append((loss.detach().cpu(), x.grad.cpu()))
     torch.testing.assert_close(results[1][0], results[0][0])
     torch.testing.assert_close(results[1][1], results[0][1])
+    with torch.inference_mode():  # below autograd: the recorder moves the lengths
+        loss = torch.nn.functional.ctc_loss(logits.to(DEV).log_softmax(2), targets.to(DEV), input_lengths,
+                                            target_lengths, reduction=reduction)
+    torch.testing.assert_close(loss.cpu(), results[0][0])
+
+
+def _packed_run(rnn, x, lengths):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    out, hidden = rnn(packed)
+    padded, out_lengths = pad_packed_sequence(out, batch_first=True)
+    return padded, hidden[0] if isinstance(hidden, tuple) else hidden, out_lengths
+
+
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_packed_sequences_match_the_cpu(layer):
+    # Packed sequences keep their lengths and batch_sizes on the host, as on CUDA: the data is
+    # packed on the device (recorder._pack_padded_sequence) and the RNN over it recorded whole.
+    torch.manual_seed(0)
+    local = getattr(torch.nn, layer)(4, 5, num_layers=2, batch_first=True, bidirectional=True)
+    remote = copy.deepcopy(local).to(DEV)
+    x, lengths = torch.randn(3, 6, 4), torch.tensor([6, 2, 4])
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            expected, got = _packed_run(local, x, lengths), _packed_run(remote, x.to(DEV), lengths)
+        torch.testing.assert_close(got[0].cpu(), expected[0])
+        torch.testing.assert_close(got[1].cpu(), expected[1])
+        assert torch.equal(got[2], expected[2]) and got[2].device.type == "cpu"
+    expected, got = _packed_run(local, x, lengths), _packed_run(remote, x.to(DEV), lengths)
+    (expected[0].square().sum() + expected[1].sum()).backward()
+    (got[0].square().sum() + got[1].sum()).backward()
+    for (name, p), q in zip(local.named_parameters(), remote.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name)
+    with pytest.raises(RuntimeError, match="sorted in decreasing order"):
+        torch.nn.utils.rnn.pack_padded_sequence(x.to(DEV), lengths, batch_first=True)
 
 
 def test_storages_have_device_addresses_shared_by_views():

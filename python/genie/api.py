@@ -9,7 +9,7 @@ import torch
 
 from . import _session
 from .graph import Graph
-from .runtime import all_runtimes, runtime_for
+from .runtime import all_runtimes, locked, runtime_for
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ def _device_index(device) -> int:
     return torch.device(device).index or 0
 
 
+@locked
 def get_device(index: int = 0) -> DeviceProperties:
     """Properties of `remote_accelerator:index` (connects). Raises GenieConnectionError."""
     session = _session.session()
@@ -70,6 +71,7 @@ def get_device(index: int = 0) -> DeviceProperties:
                             session.embedded is not None)
 
 
+@locked
 def synchronize(device=None) -> None:
     """Runs every pending op whose result is still held (all devices when `device` is None),
     sends the batched frees, and waits for the asynchronous runs sent before. Raises
@@ -80,6 +82,7 @@ def synchronize(device=None) -> None:
         runtime.flush()
 
 
+@locked
 def memory_stats(device=None) -> dict:
     """The node's statistics: `resident` bytes by residency class ("PersistentWeight",
     "StatefulKvCache", "EphemeralActivation", "Gradient"), `sessions`, `graphs_cached`,
@@ -89,6 +92,7 @@ def memory_stats(device=None) -> dict:
     return runtime.stats()
 
 
+@locked
 def client_stats() -> dict:
     """This process's traffic over all devices since start: `bytes_sent`, `bytes_received`
     (headers and payloads, bytes), `messages_sent`, `round_trips` (requests that waited for a

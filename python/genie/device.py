@@ -41,11 +41,11 @@ def _device_module() -> types.ModuleType:
     module.is_bf16_supported = lambda including_emulation=True: True
     # Random ops draw from the node's generator; torch.manual_seed reaches it through
     # manual_seed_all (genie::manual_seed), its state through get/set_rng_state.
-    from .runtime import manual_seed_all, runtime_for
+    from .runtime import locked, manual_seed_all, runtime_for
     module.manual_seed = manual_seed_all  # one generator per node: the device's is the node's
     module.manual_seed_all = manual_seed_all
-    module.get_rng_state = lambda device=None: runtime_for(_device_of(device)).get_rng_state()
-    module.set_rng_state = lambda state, device=None: runtime_for(_device_of(device)).set_rng_state(state)
+    module.get_rng_state = locked(lambda device=None: runtime_for(_device_of(device)).get_rng_state())
+    module.set_rng_state = locked(lambda state, device=None: runtime_for(_device_of(device)).set_rng_state(state))
     return module
 
 
@@ -86,6 +86,7 @@ def register() -> None:
         return
     from . import _C  # noqa: F401 - registers the PrivateUse1 device guard
     from .recorder import _copy, record_factory
+    from .runtime import locked
     torch.utils.rename_privateuse1_backend("remote_accelerator")
     torch._register_device_module("remote_accelerator", _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
@@ -96,9 +97,11 @@ def register() -> None:
     _genie_library.define("manual_seed(Device device, int seed) -> ()")
     _genie_library.define("get_rng_state(Device device) -> Tensor")
     _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")
-    _library.impl("empty.memory_format", lambda *a, **k: record_factory(aten.empty.memory_format, a, k), "PrivateUse1")
-    _library.impl("empty_strided", lambda *a, **k: record_factory(aten.empty_strided.default, a, k), "PrivateUse1")
-    _library.impl("_copy_from", lambda *a, **k: _copy(aten._copy_from.default, a, k), "PrivateUse1")
+    _library.impl("empty.memory_format", locked(lambda *a, **k: record_factory(aten.empty.memory_format, a, k)),
+                  "PrivateUse1")
+    _library.impl("empty_strided", locked(lambda *a, **k: record_factory(aten.empty_strided.default, a, k)),
+                  "PrivateUse1")
+    _library.impl("_copy_from", locked(lambda *a, **k: _copy(aten._copy_from.default, a, k)), "PrivateUse1")
     # Composite ops kept whole: a PrivateUse1 kernel stops PyTorch from decomposing them before
     # __torch_dispatch__, so the node runs its fused kernel and the graph shows attention as such.
     # A kernel for a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a

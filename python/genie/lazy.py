@@ -82,7 +82,8 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        with _lock:  # threads are serialized op by op (genie.runtime "Threads")
+            return _dispatch(func, args, kwargs or {})
 
     @property
     def operation(self) -> str | None:
@@ -125,9 +126,10 @@ class LazyTensor(torch.Tensor):
         device do this to each parameter). Raises TypeError for a tensor of another device."""
         if type(new) is not LazyTensor or new._runtime is not self._runtime:
             raise TypeError(f"data: cannot give a tensor on {self.device} the data of a tensor on {new.device}")
-        torch._C.TensorBase.data.__set__(self, new)  # the wrapper's metadata
-        self._desc = new._desc
-        self._runtime.assign(self, new._cell.value)
+        with _lock:
+            torch._C.TensorBase.data.__set__(self, new)  # the wrapper's metadata
+            self._desc = new._desc
+            self._runtime.assign(self, new._cell.value)
 
     def __deepcopy__(self, memo):
         """copy.deepcopy (of a module, say): a copy on the same device (a recorded clone)."""
@@ -149,3 +151,4 @@ class LazyTensor(torch.Tensor):
 
 
 from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor
+from .runtime import lock as _lock  # noqa: E402

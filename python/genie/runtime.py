@@ -16,6 +16,11 @@ One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` se
   bytes come back; handles of dead tensors are freed in the same message (RunGraph.free).
 - Dead LazyTensors are noticed by weakref callbacks, which only append to a list; the
   list is drained at the next request (never from inside a callback).
+- Threads: every entry into the runtimes (an op reaching `LazyTensor.__torch_dispatch__`, the
+  device's PrivateUse1 kernels, the `genie` API) holds `lock`, one reentrant lock per
+  process, so threads that use remote devices at once are serialized op by op, as one CUDA
+  stream serializes their kernels (their recorded ops interleave in one pending graph; each
+  thread's values are its own). Weakref callbacks never take it.
 
 Errors: a failed run marks the values it would have produced as lost (using one re-raises
 the error) and leaves everything else usable; a lost connection marks every value of the
@@ -27,8 +32,10 @@ every request sent after it would have kept are lost (`_reap_async`).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
+import threading
 import weakref
 
 import torch
@@ -728,6 +735,20 @@ def _annotate_kv_cache(nodes: list[Node]) -> None:
                 v = inputs[0]
 
 
+lock = threading.RLock()  # see "Threads" above
+
+
+def locked(function):
+    """`function`, holding `lock` (an entry point into the runtimes)."""
+
+    @functools.wraps(function)
+    def entry(*args, **kwargs):
+        with lock:
+            return function(*args, **kwargs)
+
+    return entry
+
+
 _runtimes: dict[int, Runtime] = {}
 _seed: int | None = None  # the last torch.manual_seed: runtimes made later start with it
 
@@ -737,6 +758,7 @@ def _genie_op(name: str):
     return getattr(torch.ops.genie, name).default
 
 
+@locked
 def manual_seed_all(seed: int) -> None:
     """torch.manual_seed(seed) for every remote device (`torch.remote_accelerator.manual_seed_all`)."""
     global _seed
@@ -796,6 +818,7 @@ def _after_fork_in_child() -> None:
     leaked on purpose (one reference more, never dropped); then every runtime refuses further
     use (`Runtime.connection`, `genie._session.forked_error`)."""
     import ctypes
+    lock._at_fork_reinit()  # another thread of the parent may have held it
     for runtime in _runtimes.values():
         if runtime.client is not None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(runtime.client))

@@ -1,5 +1,6 @@
 """The frontend's capture and materialization (seeds 000-002 in spirit), on the embedded node."""
 
+import copy
 import time
 
 import numpy as np
@@ -265,3 +266,33 @@ def test_python_custom_ops_run_their_implementation_on_lazy_tensors():
     torch.testing.assert_close(y.cpu(), scaled_tanh(x, 2.5))
     with pytest.raises(NotImplementedError, match="genie_test::cpu_only.*kernels for cpu only"):
         cpu_only(x.to(DEV))
+
+
+def test_threads_using_the_device_at_once_get_their_own_results():
+    # Each thread runs its own inputs through one module on the device; the runtime serializes
+    # them op by op (genie.runtime "Threads"). Without that, their ops interleaved in one
+    # pending graph and runs lost each other's values.
+    import threading
+    torch.manual_seed(0)
+    local = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    remote = copy.deepcopy(local).to(DEV)
+    failures = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for i in range(40):
+                x = torch.randn(16, 32, generator=g)
+                with torch.no_grad():
+                    if not torch.allclose(remote(x.to(DEV)).cpu(), local(x), atol=1e-5):
+                        failures.append((seed, i, "wrong values"))
+        except Exception as error:  # noqa: BLE001 - reported below
+            failures.append((seed, repr(error)))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []

@@ -110,6 +110,13 @@ class LazyTensor(torch.Tensor):
         array = self.cpu().numpy()
         return array if dtype is None else array.astype(dtype)
 
+    def __format__(self, format_spec: str) -> str:
+        """`f"{loss:.4f}"`: a 0-dim tensor formats as its Python number (materializes), as
+        torch.Tensor.__format__ does for plain tensors only; other shapes as torch.Tensor."""
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None) -> str:
         text = repr(self.cpu())
         return text[:-1] + f", device='{self.device}')"

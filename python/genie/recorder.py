@@ -679,6 +679,19 @@ def _storage_access(func, args, kwargs):
         "e.g. tensor.cpu().untyped_storage()")
 
 
+def _host_indices(func, args, kwargs):
+    """aten::index.Tensor / index_put / index_put_ / _index_put_impl_ (`x[idx]`, `x[mask] = v`)
+    with index tensors on the host: as on CUDA, where advanced indexing moves CPU indices to the
+    indexed tensor's device, they are uploaded first (a bool mask then takes the device's
+    data-dependent path). Every other op keeps PyTorch's device-mismatch error."""
+    self, indices = args[0], args[1]
+    if isinstance(self, LazyTensor) and indices is not None:
+        moved = [i.to(self.device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor else i
+                 for i in indices]
+        args = (self, moved, *args[2:])
+    return record_op(func, args, kwargs)
+
+
 def _rnn_with_batch_sizes(func, args, kwargs):
     """aten::lstm.data / aten::gru.data (an RNN over a packed sequence, recorded whole, see
     `device._WHOLE_RNN_OPS`): `batch_sizes` (args[1], int64 [T]) is a host tensor by design."""
@@ -758,6 +771,10 @@ def _special_table():
         aten.lift_fresh.default: _same_value_view,
         aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
         aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
+        aten.index.Tensor: _host_indices,
+        aten.index_put.default: _host_indices,
+        aten.index_put_.default: _host_indices,
+        aten._index_put_impl_.default: _host_indices,
         aten.lstm.data: _rnn_with_batch_sizes,
         aten.gru.data: _rnn_with_batch_sizes,
         aten._pack_padded_sequence.default: _pack_padded_sequence,

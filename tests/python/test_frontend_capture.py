@@ -172,6 +172,32 @@ def test_mixed_devices_follow_pytorch_rules():
         _ = x + torch.ones(3)
 
 
+def test_advanced_indexing_takes_host_indices():
+    # As on CUDA: x[idx], x[mask] and x[idx] = v accept index tensors on the CPU; other ops
+    # with a CPU tensor argument (index_select) keep the device-mismatch error.
+    x = torch.arange(12.0).reshape(3, 4)
+    xd = x.to(DEV)
+    rows, mask = torch.tensor([2, 0]), torch.tensor([True, False, True])
+    assert torch.equal(xd[rows].cpu(), x[rows])
+    assert torch.equal(xd[:, torch.tensor([1, 3])].cpu(), x[:, torch.tensor([1, 3])])
+    assert torch.equal(xd[mask].cpu(), x[mask])
+    expected, got = x.clone(), xd.clone()
+    expected[rows] = 5.0
+    got[rows] = 5.0
+    expected[x > 9] = -1.0
+    got[x > 9] = -1.0
+    assert torch.equal(got.cpu(), expected)
+    with pytest.raises(RuntimeError, match="same device"):
+        xd.index_select(0, rows)
+
+
+def test_a_zero_dim_tensor_formats_as_its_number():
+    # f"{loss:.4f}" in a training loop: torch.Tensor.__format__ does this for plain tensors only.
+    loss = torch.tensor(0.123456).to(DEV)
+    assert f"{loss:.4f}" == "0.1235" and f"{loss.long():d}" == "0"
+    assert "remote_accelerator" in f"{torch.ones(2, device=DEV)}"
+
+
 def test_item_in_control_flow():
     x = torch.tensor([1.0, 2.0, 3.0]).to(DEV)
     steps = 0

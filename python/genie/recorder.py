@@ -480,12 +480,17 @@ def record_op(func, args: tuple, kwargs: dict):
             return func.decompose(*args, **kwargs)
         if not info.tensor_returns:
             return runtime.run_scalar_op(func, rec_args, rec_kwargs)
-        try:
-            structure, descs = _infer_shapes(func, args, kwargs)
-        except Exception as error:  # noqa: BLE001 - classified below
-            if not _needs_remote_shape(error):
-                raise type(error)(f"{op_name(func)}: {error}") from error
-            return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
+        if not info.returns:
+            # `-> ()` (fused optimizer steps, in-place foreach ops): nothing to infer, and some
+            # (aten::_fused_sgd_) have no meta kernel.
+            structure, descs = None, []
+        else:
+            try:
+                structure, descs = _infer_shapes(func, args, kwargs)
+            except Exception as error:  # noqa: BLE001 - classified below
+                if not _needs_remote_shape(error):
+                    raise type(error)(f"{op_name(func)}: {error}") from error
+                return _record_with_remote_shapes(runtime, func, info, args, kwargs, rec_args, rec_kwargs)
         if len(_plans) >= _SHAPE_CACHE_MAX:
             _plans.clear()
         plan = _plans[key] = _plan_for(info, structure, descs)

@@ -255,6 +255,24 @@ class Binder {
       const auto* v = wire_arg.value_as_DoubleListValue()->v();
       return literal(c10::List<double>(v ? std::vector<double>(v->begin(), v->end()) : std::vector<double>{}), out);
     }
+    if (ek == c10::TypeKind::NumberType) {
+      // Scalar[] (aten::_foreach_div_.ScalarList: a step size per tensor): a list of numbers,
+      // which ATen's unboxing reads from a generic list typed Scalar.
+      c10::impl::GenericList scalars(c10::NumberType::get());
+      if (kind == Value::DoubleListValue) {
+        const auto* v = wire_arg.value_as_DoubleListValue()->v();
+        for (uint32_t i = 0; v && i < v->size(); ++i) scalars.push_back(v->Get(i));
+      } else if (kind == Value::IntListValue && !wire_arg.value_as_IntListValue()->scalar_slots()) {
+        const auto* v = wire_arg.value_as_IntListValue()->v();
+        for (uint32_t i = 0; v && i < v->size(); ++i) scalars.push_back(v->Get(i));
+      } else if (kind == Value::BoolListValue) {
+        const auto* v = wire_arg.value_as_BoolListValue()->v();
+        for (uint32_t i = 0; v && i < v->size(); ++i) scalars.push_back(static_cast<bool>(v->Get(i)));
+      } else {
+        return fmt::format("expects Scalar[], got {}", wire::EnumNameValue(kind));
+      }
+      return literal(std::move(scalars), out);
+    }
     if (ek == c10::TypeKind::BoolType) {
       if (kind != Value::BoolListValue) return fmt::format("expects bool[], got {}", wire::EnumNameValue(kind));
       const auto* v = wire_arg.value_as_BoolListValue()->v();

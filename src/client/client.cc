@@ -212,10 +212,20 @@ struct Client::Impl {
     endpoint->send(wire::bytesOf(header), {}, [](Status) {});
   }
 
+  /// True when the node answers a Ping within the timeout. Its progress thread answers at
+  /// once, also while a session thread executes a long run, so a late reply with a Pong means
+  /// "busy", not "gone".
+  bool nodeAnswersPing() {
+    auto reply = call([](uint64_t id) { return wire::buildPing(id, 0); }, {}, /*while_alive=*/false);
+    return reply && reply->message()->body_type() == wire::Body::Pong;
+  }
+
   /// Sends the request `build(id)` makes and waits for its reply. A build error (a request
-  /// the wire format cannot carry) is returned without sending anything.
+  /// the wire format cannot carry) is returned without sending anything. With `while_alive`,
+  /// a reply not there after the timeout is waited for again as long as the node answers a
+  /// Ping (a run may take longer than the timeout); kTimeout once it answers neither.
   Result<Reply> call(const std::function<Result<flatbuffers::DetachedBuffer>(uint64_t)>& build,
-                     std::span<const std::byte> payload = {}) {
+                     std::span<const std::byte> payload = {}, bool while_alive = true) {
     if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
     const uint64_t id = next_request++;
     auto built = build(id);
@@ -230,19 +240,30 @@ struct Client::Impl {
     ++messages_sent;
     ++round_trips;
     Status sent_status;
-    std::promise<Status> sent;
-    auto sent_future = sent.get_future();
+    // Shared with the send's completion: a send the node never takes (a stopped node, a
+    // rendezvous it does not answer) completes, cancelled, only when the endpoint closes,
+    // after this call returned.
+    auto sent = std::make_shared<std::promise<Status>>();
+    auto sent_future = sent->get_future();
     // A reply often comes within microseconds (small graphs, a node on the same host): this
     // thread drives the worker itself for a while (it sends the request inline and runs the
     // reply's callback), so neither the request nor the reply crosses a thread, before it
     // sleeps on the condition variable and leaves progress to the progress thread.
     auto send = [&] {
-      endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [&sent](Status s) { sent.set_value(s); });
+      endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [sent](Status s) { sent->set_value(s); });
     };
     worker->drive(std::ref(send),  // std::ref: no heap copy of the lambda per request
                   [&waiting] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
     std::unique_lock<std::mutex> lock(waiting->mutex);
-    bool answered = waiting->cv.wait_for(lock, options.timeout, [&] { return waiting->done || !endpoint->isConnected(); });
+    bool answered = false;
+    for (;;) {
+      answered = waiting->cv.wait_for(lock, options.timeout, [&] { return waiting->done || !endpoint->isConnected(); });
+      if (answered || !while_alive) break;
+      lock.unlock();
+      const bool alive = nodeAnswersPing();
+      lock.lock();
+      if (!alive) break;
+    }
     lock.unlock();
     sent_status = sent_future.wait_for(options.timeout) == std::future_status::ready ? sent_future.get() : Status::ok();
     if (!waiting->done) {
@@ -503,8 +524,18 @@ Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<
 std::vector<AsyncFailure> Client::takeAsyncFailures(bool wait) {
   Impl& impl = *impl_;
   std::unique_lock<std::mutex> lock(impl.pending_mutex);
-  if (wait && impl.async_in_flight > 0 &&
-      !impl.async_done.wait_for(lock, impl.options.timeout, [&] { return impl.async_in_flight == 0; })) {
+  bool answered = true;
+  while (wait && impl.async_in_flight > 0) {
+    // As Impl::call: runs longer than the timeout are waited for while the node answers Pings.
+    answered = impl.async_done.wait_for(lock, impl.options.timeout, [&] { return impl.async_in_flight == 0; });
+    if (answered) break;
+    lock.unlock();
+    const bool alive = impl.nodeAnswersPing();
+    lock.lock();
+    if (!alive) break;
+    answered = true;  // alive: wait again, unless the runs were answered meanwhile
+  }
+  if (!answered) {
     for (auto it = impl.pending.begin(); it != impl.pending.end();) {
       if (!it->second->async) {
         ++it;
@@ -558,9 +589,10 @@ void Client::close() {
     auto bye = wire::buildGoodbye(0, "client closing");
     impl_->bytes_sent += bye.size();
     ++impl_->messages_sent;
-    std::promise<void> sent;
-    impl_->endpoint->send(wire::bytesOf(bye), {}, [&sent](Status) { sent.set_value(); });
-    sent.get_future().wait_for(std::chrono::seconds(2));
+    auto sent = std::make_shared<std::promise<void>>();  // the completion may come after this frame (Impl::call)
+    auto sent_future = sent->get_future();
+    impl_->endpoint->send(wire::bytesOf(bye), {}, [sent](Status) { sent->set_value(); });
+    sent_future.wait_for(std::chrono::seconds(2));
     impl_->endpoint->close();
   }
   impl_->closed = true;

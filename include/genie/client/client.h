@@ -5,7 +5,9 @@
 // Errors: kPeerUnreachable / kTimeout from the data plane (naming the node's address). When
 // the connection fails (the node died, the link broke), every request still waiting fails
 // at once with kPeerUnreachable (within the transport's peer timeout, ~1 s), not at its own
-// timeout;
+// timeout. A reply not there after the timeout is waited for again as long as the node answers
+// a Ping (its progress thread answers while a session thread runs a long graph): kTimeout only
+// when the node answers neither within the timeout (a hung or overloaded node);
 // kRemote when the node answered with an Error: the Status message reads
 // "<ErrorCode> [op <index> (<op name>)]: <node's message>" and remoteError() returns the parts.
 //
@@ -90,7 +92,9 @@ struct AsyncFailure {
 struct ClientOptions {
   std::string name = "genie-client";
   std::string auth_token;
-  std::chrono::milliseconds timeout{60000};  // per request
+  /// How long the node may stay silent: a request fails with kTimeout when neither its reply
+  /// nor the Pong of a Ping sent after this long came within it (ms).
+  std::chrono::milliseconds timeout{60000};
   transport::WorkerConfig transport;
   /// Protocol version announced in Hello (tests use another to check refusal).
   uint32_t protocol_version = wire::kProtocolVersion;
@@ -139,8 +143,9 @@ class Client {
   /// takeAsyncFailures(). Errors here: kInvalidArgument, kCancelled (closed), kPeerUnreachable.
   Result<uint64_t> runGraphAsync(const wire::RunGraphArgs& run, std::span<const std::byte> inline_payload = {});
   /// The asynchronous runs that failed since the last call, in the order they were answered.
-  /// With `wait`, first waits until every run sent so far has been answered (at most the
-  /// request timeout; runs still unanswered then are reported as kTimeout and forgotten).
+  /// With `wait`, first waits until every run sent so far has been answered (as long as the
+  /// node answers Pings; runs still unanswered when it stops are reported as kTimeout and
+  /// forgotten).
   std::vector<AsyncFailure> takeAsyncFailures(bool wait);
   /// Asynchronous runs sent and not answered yet (any thread).
   size_t asyncInFlight() const;

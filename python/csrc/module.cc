@@ -610,10 +610,11 @@ Every blocking method releases the GIL while it waits.
       .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
       .def_readonly("completed_calls", &PyClient::completed_calls,
                     "How many put/get/register_graph/run_graph/run_graph_async calls returned.")
-      .def_readonly("last_result", &PyClient::last_result,
-                    "The result of the last of those calls to return. When Ctrl-C arrives while a call "
-                    "waits, Python raises KeyboardInterrupt as the call returns, after the node did the "
-                    "work: the caller recovers the result here (genie.runtime.Runtime._request).")
+      .def_readwrite("last_result", &PyClient::last_result,
+                     "The result of the last of those calls to return. When Ctrl-C arrives while a call "
+                     "waits, Python raises KeyboardInterrupt as the call returns, after the node did the "
+                     "work: the caller recovers the result here (genie.runtime.Runtime._request), and "
+                     "sets it to None otherwise (so that it holds no tensor longer).")
       .def("put", returning(&PyClient::put), py::arg("items"), R"doc(
 put(items: list[tuple[bytes, torch.Tensor, int]]) -> None
 

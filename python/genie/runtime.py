@@ -128,7 +128,7 @@ class Runtime:
         client = self.connection()
         returned_before = client.completed_calls
         try:
-            return getattr(client, method)(*args)
+            result = getattr(client, method)(*args)
         except GenieConnectionError as error:
             self._lost(error)
             raise
@@ -140,7 +140,12 @@ class Runtime:
             # (the client records it) and the interrupt is raised once they agree with the
             # node (`_raise_interrupt`), as a local program's state survives Ctrl-C.
             self._interrupt = interrupt
-            return client.last_result
+            result, client.last_result = client.last_result, None
+            return result
+        # No tensor kept longer than the caller keeps it. Setting a C++ attribute runs no
+        # bytecode, where Python would raise a pending interrupt, so none lands before it.
+        client.last_result = None
+        return result
 
     def _raise_interrupt(self) -> None:
         """Raises the KeyboardInterrupt `_request` held back, if any."""

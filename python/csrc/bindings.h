@@ -21,6 +21,10 @@ void bindGraphEncoder(py::module_& m);
 void bindLazyWrapper(py::module_& m);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
+/// This thread's current remote_accelerator device, as c10's device guard keeps it (device_guard.cc).
+int currentDevice();
+/// Makes `index` this thread's current device; c10::Error (a RuntimeError) past the device count.
+void setCurrentDevice(int index);
 
 /// The Python type name of `obj` ("int", "Tensor").
 inline std::string typeName(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }

@@ -13,6 +13,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
+#include <cstdint>
 
 namespace genie::python {
 namespace {
@@ -40,6 +41,24 @@ struct RemoteAcceleratorGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
   c10::DeviceIndex deviceCount() const noexcept override { return g_device_count.load(); }
+
+  // Events. Each device has one stream, the program order of its recorded ops, and data that
+  // crosses devices goes through the host (`.to()` reads it from one node, then puts it on the
+  // other), so an event needs nothing to wait for: recording marks it (non-null, as PyTorch
+  // expects of a recorded event), blocking is a no-op. The autograd engine records and blocks
+  // on events when a gradient crosses devices (model parallel over two nodes); without these,
+  // backward raised "Backend doesn't support events". Host-side waits (synchronizeEvent,
+  // synchronizeStream) stay unsupported: genie.synchronize() waits for a device's work.
+  void record(void** event, const c10::Stream& stream, c10::DeviceIndex /*device_index*/,
+              c10::EventFlag /*flag*/) const override {
+    TORCH_CHECK(stream.device_type() == kType, "remote_accelerator: an event recorded on a stream of ", stream.device());
+    *event = reinterpret_cast<void*>(uintptr_t{1});
+  }
+  void block(void* /*event*/, const c10::Stream& stream) const override {
+    TORCH_CHECK(stream.device_type() == kType, "remote_accelerator: an event blocks a stream of ", stream.device());
+  }
+  bool queryEvent(void* /*event*/) const override { return true; }
+  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, RemoteAcceleratorGuardImpl);
@@ -92,6 +111,12 @@ const bool g_hooks_registered = [] {
 }  // namespace
 
 void setDeviceCount(int count) { g_device_count.store(static_cast<c10::DeviceIndex>(count)); }
+
+int currentDevice() { return t_current_device; }
+
+void setCurrentDevice(int index) {
+  RemoteAcceleratorGuardImpl().setDevice(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+}
 
 void setGeometry(const at::Tensor& tensor, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t storage_offset) {
   TORCH_CHECK(tensor.device().type() == c10::DeviceType::PrivateUse1,

@@ -570,6 +570,11 @@ PYBIND11_MODULE(_C, m) {
   bindLazyWrapper(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
+  m.def("current_device", &currentDevice,
+        "This thread's current remote_accelerator device index (c10's device guard: the one "
+        "torch.remote_accelerator.device(i) and c10::DeviceGuard set; 0 at first).");
+  m.def("set_current_device", &setCurrentDevice, py::arg("index"),
+        "Makes `index` this thread's current remote_accelerator device. RuntimeError past the device count.");
   m.def(
       "set_geometry",
       [](py::handle tensor, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,

@@ -19,6 +19,8 @@ import types
 
 import torch
 
+from . import _C
+
 _registered = False
 _library = None
 _genie_library = torch.library.Library("genie", "DEF")  # noqa: TOR901 - the node's operators
@@ -29,7 +31,7 @@ def _device_module() -> types.ModuleType:
     module = types.ModuleType("torch.remote_accelerator")
     module.is_available = lambda: True
     module.device_count = api.device_count
-    module.current_device = lambda: _current[0]
+    module.current_device = lambda: _C.current_device()
     module.set_device = _set_device
     module.device = _DeviceContext  # `with torch.remote_accelerator.device(i):` (torch.utils.checkpoint)
     module._initialized = True  # torch.utils.checkpoint then saves and restores this device's RNG state
@@ -49,21 +51,23 @@ def _device_module() -> types.ModuleType:
     return module
 
 
-_current = [0]  # torch.remote_accelerator.current_device()
+# The current device is c10's (genie._C.current_device: per thread, as CUDA's), so that Python
+# (`torch.remote_accelerator.device(i)`, `set_device`) and C++ (c10::DeviceGuard, the autograd
+# engine's device threads) agree, and `device="remote_accelerator"` without an index means it.
 
 
 def _set_device(device) -> None:
-    _current[0] = _device_of(device).index
+    _C.set_current_device(_device_of(device).index)
 
 
 def _device_of(device) -> torch.device:
     """`remote_accelerator:<i>` for None (the current device), an index, a string or a device."""
     if device is None:
-        return torch.device("remote_accelerator", _current[0])
+        return torch.device("remote_accelerator", _C.current_device())
     if isinstance(device, int):
         return torch.device("remote_accelerator", device)
     device = torch.device(device)
-    return torch.device("remote_accelerator", device.index if device.index is not None else _current[0])
+    return torch.device("remote_accelerator", device.index if device.index is not None else _C.current_device())
 
 
 class _DeviceContext:
@@ -73,11 +77,12 @@ class _DeviceContext:
         self.index = _device_of(device).index
 
     def __enter__(self):
-        self.previous, _current[0] = _current[0], self.index
+        self.previous = _C.current_device()
+        _C.set_current_device(self.index)
         return self
 
     def __exit__(self, *exc) -> None:
-        _current[0] = self.previous
+        _C.set_current_device(self.previous)
 
 
 def register() -> None:

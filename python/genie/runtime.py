@@ -773,9 +773,10 @@ def manual_seed_all(seed: int) -> None:
 
 
 def runtime_for(device: torch.device) -> Runtime:
-    """The runtime of `remote_accelerator:N` (connecting on first use: `genie.init`)."""
-    from . import _session
-    index = device.index or 0
+    """The runtime of `remote_accelerator:N` (connecting on first use: `genie.init`); without
+    an index, of this thread's current device (`torch.remote_accelerator.current_device()`)."""
+    from . import _C, _session
+    index = device.index if device.index is not None else _C.current_device()
     runtime = _runtimes.get(index)
     if runtime is None:
         runtime = _session.make_runtime(index)

@@ -29,6 +29,16 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 @pytest.fixture
 def genie_node():
     """A real genie-node on 127.0.0.1 (any free port); yields (host, port), then SIGTERM."""
+    yield from _genie_node()
+
+
+@pytest.fixture
+def another_genie_node():
+    """A second one, for tests with two devices."""
+    yield from _genie_node()
+
+
+def _genie_node():
     import re
     import select
     import subprocess

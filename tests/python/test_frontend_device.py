@@ -111,3 +111,46 @@ def test_a_local_generator_is_refused_not_ignored():
     with pytest.raises(RuntimeError, match="device type for generator"):
         x.normal_(generator=g)
     assert x.cpu().tolist() == [1.0, 1.0, 1.0]  # nothing was recorded
+
+
+MODEL_PARALLEL_PROGRAM = r"""
+import copy, sys, torch, genie
+genie.init(server=sys.argv[1])
+assert genie.device_count() == 2
+torch.manual_seed(0)
+first, second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+x = torch.randn(5, 8)
+a = copy.deepcopy(first).to("remote_accelerator:0")
+b = copy.deepcopy(second).to("remote_accelerator:1")
+second(torch.relu(first(x))).square().sum().backward()
+expected = [p.grad for p in (*first.parameters(), *second.parameters())]
+out = b(torch.relu(a(x.to("remote_accelerator:0"))).to("remote_accelerator:1"))
+assert out.device == torch.device("remote_accelerator:1")
+torch.testing.assert_close(out.cpu(), second(torch.relu(first(x))))
+out.square().sum().backward()
+got = [p.grad for p in (*a.parameters(), *b.parameters())]
+assert [g.device.index for g in got] == [0, 0, 1, 1]
+for g, e in zip(got, expected):
+    torch.testing.assert_close(g.cpu(), e)
+assert torch.remote_accelerator.current_device() == 0
+with torch.remote_accelerator.device(1):
+    assert torch.remote_accelerator.current_device() == 1
+    assert torch.ones(2, device="remote_accelerator").device.index == 1
+    assert torch.ones(2).to("remote_accelerator").device.index == 1
+assert torch.ones(2, device="remote_accelerator").device.index == 0
+print("ok")
+"""
+
+
+def test_model_parallel_over_two_nodes(genie_node, another_genie_node):
+    # Layers on remote_accelerator:0 and :1 (two nodes), activations moved between them: the
+    # forward and the backward (whose gradient crosses devices: the autograd engine records and
+    # blocks on events) equal CPU's; `device="remote_accelerator"` means the current device. In
+    # a fresh interpreter: the autograd engine sizes its device threads at the first backward
+    # of the process, with the device count of then (docs/frontend.md).
+    import subprocess
+    import sys
+    servers = f"{genie_node[0]}:{genie_node[1]},{another_genie_node[0]}:{another_genie_node[1]}"
+    done = subprocess.run([sys.executable, "-c", MODEL_PARALLEL_PROGRAM, servers], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1:] == ["ok"], done.stdout[-2000:] + done.stderr[-3000:]

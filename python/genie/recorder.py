@@ -655,6 +655,12 @@ def _is_pinned(func, args, kwargs):
     return False
 
 
+def _pin_memory(func, args, kwargs):
+    """aten::_pin_memory of a device tensor: PyTorch's error for a CUDA tensor (the node would
+    otherwise try, and a CPU node fail naming the NVIDIA driver)."""
+    raise RuntimeError(f"cannot pin '{args[0].device}' tensor: only dense CPU tensors can be pinned")
+
+
 def _no_nested_tensors(func, args, kwargs):
     """aten::_nested_tensor_from_mask_left_aligned: remote_accelerator has no nested-tensor
     layout, so its answer to "can this padded batch become a nested tensor?" is False. This is
@@ -771,6 +777,7 @@ def _special_table():
         aten._copy_from.default: _copy,
         aten._local_scalar_dense.default: _local_scalar_dense,
         aten.is_pinned.default: _is_pinned,
+        aten._pin_memory.default: _pin_memory,
         aten.detach.default: _same_value_view,
         aten.alias.default: _same_value_view,
         aten.lift_fresh.default: _same_value_view,

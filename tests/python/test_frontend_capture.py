@@ -191,6 +191,13 @@ def test_advanced_indexing_takes_host_indices():
         xd.index_select(0, rows)
 
 
+def test_pinning_a_device_tensor_is_refused_locally():
+    x = torch.ones(2, device=DEV)
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        x.pin_memory()
+    assert not x.is_pinned() and x.tolist() == [1.0, 1.0]  # nothing was sent to fail later
+
+
 def test_a_zero_dim_tensor_formats_as_its_number():
     # f"{loss:.4f}" in a training loop: torch.Tensor.__format__ does this for plain tensors only.
     loss = torch.tensor(0.123456).to(DEV)

@@ -697,8 +697,9 @@ def _host_indices(func, args, kwargs):
     data-dependent path). Every other op keeps PyTorch's device-mismatch error."""
     self, indices = args[0], args[1]
     if isinstance(self, LazyTensor) and indices is not None:
-        moved = [i.to(self.device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor else i
-                 for i in indices]
+        # 0-dim host indices stay as they are: they travel inline, as any 0-dim host tensor.
+        moved = [i.to(self.device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor and i.dim() > 0
+                 else i for i in indices]
         args = (self, moved, *args[2:])
     return record_op(func, args, kwargs)
 

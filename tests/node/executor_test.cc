@@ -323,6 +323,28 @@ TEST_F(ExecutorTest, IntListsFillFloatListsAndIntsOrBoolsFillScalars) {
   EXPECT_NE(error.message.find("scalar slots"), std::string::npos) << error.message;
 }
 
+TEST_F(ExecutorTest, ScalarListsBindFromDoubleAndIntLists) {
+  // Scalar[] (Adam's foreach step divides by one number per tensor): an op returning nothing
+  // that updates its inputs in place.
+  GraphBuilder g;
+  uint32_t a = g.input(DType::Float32, {3});
+  uint32_t b = g.input(DType::Float32, {2});
+  g.op("aten::_foreach_div_", "ScalarList", {Tensors({a, b}), Doubles({2.0, 4.0})}, 0);
+  g.op("aten::_foreach_mul_", "ScalarList", {Tensors({a, b}), Ints({3, 5})}, 0);
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor ta = at::full({3}, 8.0), tb = at::full({2}, 8.0);
+  runOrFail(executor, *compiled.graph, {ta, tb});
+  EXPECT_TRUE(at::equal(ta, at::full({3}, 12.0)));  // 8 / 2 * 3
+  EXPECT_TRUE(at::equal(tb, at::full({2}, 10.0)));  // 8 / 4 * 5
+
+  GraphBuilder wrong;
+  uint32_t c = wrong.input(DType::Float32, {3});
+  wrong.op("aten::_foreach_div_", "ScalarList", {Tensors({c}), D(2.0)}, 0);
+  ExecutionError error = compileError(executor, wrong);
+  EXPECT_NE(error.message.find("expects Scalar[]"), std::string::npos) << error.message;
+}
+
 TEST_F(ExecutorTest, NumbersForTensorArgumentsAreWrappedNumbers) {
   // `x + 2` reaches __torch_dispatch__ as aten::add.Tensor(x, 2): the number is a 0-dim
   // wrapped-number tensor, so type promotion keeps x's dtype.

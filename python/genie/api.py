@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _session
+from .device import _device_of
 from .graph import Graph
 from .runtime import all_runtimes, locked, runtime_for
 
@@ -53,14 +54,6 @@ def device_count() -> int:
     return len(_session.session().servers)
 
 
-def _device_index(device) -> int:
-    if device is None:
-        return 0
-    if isinstance(device, int):
-        return device
-    return torch.device(device).index or 0
-
-
 @locked
 def get_device(index: int = 0) -> DeviceProperties:
     """Properties of `remote_accelerator:index` (connects). Raises GenieConnectionError."""
@@ -76,8 +69,7 @@ def synchronize(device=None) -> None:
     """Runs every pending op whose result is still held (all devices when `device` is None),
     sends the batched frees, and waits for the asynchronous runs sent before. Raises
     GenieRemoteError (also for a failed asynchronous run) / GenieConnectionError."""
-    runtimes = all_runtimes() if device is None else [runtime_for(torch.device("remote_accelerator",
-                                                                                _device_index(device)))]
+    runtimes = all_runtimes() if device is None else [runtime_for(_device_of(device))]
     for runtime in runtimes:
         runtime.flush()
 
@@ -87,7 +79,7 @@ def memory_stats(device=None) -> dict:
     """The node's statistics: `resident` bytes by residency class ("PersistentWeight",
     "StatefulKvCache", "EphemeralActivation", "Gradient"), `sessions`, `graphs_cached`,
     `ops_executed`, `bytes_in`, `bytes_out` (bytes), `memory_limit` (bytes, 0: none)."""
-    runtime = runtime_for(torch.device("remote_accelerator", _device_index(device)))
+    runtime = runtime_for(_device_of(device))  # None: the current device
     runtime.flush()
     return runtime.stats()
 

@@ -19,7 +19,7 @@ import types
 
 import torch
 
-from . import _C
+from . import _C  # loading it registers the PrivateUse1 device guard, hooks and allocator
 
 _registered = False
 _library = None
@@ -89,7 +89,6 @@ def register() -> None:
     global _registered, _library
     if _registered:
         return
-    from . import _C  # noqa: F401 - registers the PrivateUse1 device guard
     from .recorder import _copy, record_factory
     from .runtime import locked
     torch.utils.rename_privateuse1_backend("remote_accelerator")
@@ -177,7 +176,8 @@ def _requires_grad(args) -> bool:
 
 
 def _rnn_autograd(op):
-    """aten::lstm.input / aten::gru.input at the autograd level of remote_accelerator: recorded
+    """aten::lstm / aten::gru (.input, and .data for packed sequences) at the autograd level of
+    remote_accelerator: recorded
     whole below autograd (inference), or, when a gradient must flow through it, PyTorch's own
     decomposition into differentiable ops (`torch._decomp`: matmuls, sigmoid, tanh per step),
     which autograd differentiates and the node runs forward and backward."""

@@ -696,10 +696,11 @@ def _host_indices(func, args, kwargs):
     indexed tensor's device, they are uploaded first (a bool mask then takes the device's
     data-dependent path). Every other op keeps PyTorch's device-mismatch error."""
     self, indices = args[0], args[1]
-    if isinstance(self, LazyTensor) and indices is not None:
-        # 0-dim host indices stay as they are: they travel inline, as any 0-dim host tensor.
-        moved = [i.to(self.device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor and i.dim() > 0
-                 else i for i in indices]
+    # Common case first (device or no indices): exact type tests, nothing rebuilt. 0-dim host
+    # indices stay as they are: they travel inline, as any 0-dim host tensor.
+    if type(self) is LazyTensor and indices and any(i is not None and type(i) is not LazyTensor and i.dim() > 0
+                                                    for i in indices):
+        moved = [i if i is None or type(i) is LazyTensor or i.dim() == 0 else i.to(self.device) for i in indices]
         args = (self, moved, *args[2:])
     return record_op(func, args, kwargs)
 

@@ -220,6 +220,21 @@ struct Client::Impl {
     return reply && reply->message()->body_type() == wire::Body::Pong;
   }
 
+  /// Waits on `cv` (with `lock` held) until `done()`: for the timeout, then, with `while_alive`,
+  /// again each time the node answers a Ping (unlocked while it asks). False when the node went
+  /// silent (or the one wait ran out) before `done()`.
+  template <typename Done>
+  bool waitWhileAlive(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done, bool while_alive) {
+    for (;;) {
+      if (cv.wait_for(lock, options.timeout, done)) return true;
+      if (!while_alive) return false;
+      lock.unlock();
+      const bool alive = nodeAnswersPing();
+      lock.lock();
+      if (!alive) return done();
+    }
+  }
+
   /// Sends the request `build(id)` makes and waits for its reply. A build error (a request
   /// the wire format cannot carry) is returned without sending anything. With `while_alive`,
   /// a reply not there after the timeout is waited for again as long as the node answers a
@@ -255,15 +270,8 @@ struct Client::Impl {
     worker->drive(std::ref(send),  // std::ref: no heap copy of the lambda per request
                   [&waiting] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
     std::unique_lock<std::mutex> lock(waiting->mutex);
-    bool answered = false;
-    for (;;) {
-      answered = waiting->cv.wait_for(lock, options.timeout, [&] { return waiting->done || !endpoint->isConnected(); });
-      if (answered || !while_alive) break;
-      lock.unlock();
-      const bool alive = nodeAnswersPing();
-      lock.lock();
-      if (!alive) break;
-    }
+    bool answered = waitWhileAlive(
+        lock, waiting->cv, [&] { return waiting->done || !endpoint->isConnected(); }, while_alive);
     lock.unlock();
     sent_status = sent_future.wait_for(options.timeout) == std::future_status::ready ? sent_future.get() : Status::ok();
     if (!waiting->done) {
@@ -524,18 +532,8 @@ Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<
 std::vector<AsyncFailure> Client::takeAsyncFailures(bool wait) {
   Impl& impl = *impl_;
   std::unique_lock<std::mutex> lock(impl.pending_mutex);
-  bool answered = true;
-  while (wait && impl.async_in_flight > 0) {
-    // As Impl::call: runs longer than the timeout are waited for while the node answers Pings.
-    answered = impl.async_done.wait_for(lock, impl.options.timeout, [&] { return impl.async_in_flight == 0; });
-    if (answered) break;
-    lock.unlock();
-    const bool alive = impl.nodeAnswersPing();
-    lock.lock();
-    if (!alive) break;
-    answered = true;  // alive: wait again, unless the runs were answered meanwhile
-  }
-  if (!answered) {
+  // As Impl::call: runs longer than the timeout are waited for while the node answers Pings.
+  if (wait && !impl.waitWhileAlive(lock, impl.async_done, [&] { return impl.async_in_flight == 0; }, true)) {
     for (auto it = impl.pending.begin(); it != impl.pending.end();) {
       if (!it->second->async) {
         ++it;

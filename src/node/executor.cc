@@ -59,7 +59,7 @@ struct BoundArgument {
   enum class Kind : uint8_t {
     kLiteral,             // `literal` as is (ints, floats, None, dtype, device, ...)
     kTensor,              // values[value]
-    kHostTensor,          // values[value] in host memory (see kHostTensorArguments)
+    kHostTensor,          // values[value] in host memory (see kHostTensorArgument)
     kTensorList,          // values[ids...]
     kOptionalTensorList,  // values[ids...], -1 = None
     kIntListWithSlots,    // ints, some taken from scalar slots

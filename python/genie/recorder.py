@@ -224,7 +224,8 @@ def _record_form(a, call: _Call):
     if t in _PLAIN:
         call.key.append(a)
         return a
-    if t is float:
+    if t is float or t is bool:  # tagged: 1 == 1.0 == True, but `x + 1.0` is not `x + 1`
+        call.key.append(t)
         call.key.append(a if a == a else "nan")
         return a
     if t is list or t is tuple:
@@ -264,11 +265,14 @@ def _record_form(a, call: _Call):
             return Constant(a)
         call.cpu_tensor = a
         return a
+    call.key.append(t)  # complex, layouts, memory formats, ...: tagged as floats are
     call.key.append(a)
     return a
 
 
-_PLAIN = frozenset({int, bool, str, type(None), torch.dtype})
+# Key parts that stand for themselves. Not bool or float: a key holds the value and equal
+# numbers of different types (1, 1.0, True) promote differently, so those are tagged.
+_PLAIN = frozenset({int, str, type(None), torch.dtype})
 
 
 def _all_ints(a) -> bool:
@@ -318,7 +322,8 @@ def _prepare(func, args: tuple, kwargs: dict):
         elif call is None and t in _PLAIN:
             key.append(a)
             rec.append(a)
-        elif call is None and t is float:  # scalars (alpha, eps, a multiplier): as _record_form
+        elif call is None and (t is float or t is bool):  # alpha, eps, flags: as _record_form
+            key.append(t)
             key.append(a if a == a else "nan")
             rec.append(a)
         elif call is None and (t is list or t is tuple) and _all_ints(a):

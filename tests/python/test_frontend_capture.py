@@ -172,6 +172,23 @@ def test_mixed_devices_follow_pytorch_rules():
         _ = x + torch.ones(3)
 
 
+def test_equal_numbers_of_different_types_promote_as_on_the_cpu():
+    # 1 == 1.0 == True in Python: the shape cache once gave `x + 1.0` the plan (int64) that
+    # `x + 1` had made, and `mask + 1` the bool of `mask + True`. Values the host cannot
+    # compute (randint), so that the node runs each op.
+    torch.manual_seed(0)
+    ints = torch.randint(0, 5, (3,))
+    mask = ints > 2
+    x, m = ints.to(DEV) * 1, mask.to(DEV) & True
+    cases = [(x, lambda t: t + 1), (x, lambda t: t + 1.0), (x, lambda t: t * True), (x, lambda t: t + 1),
+             (m, lambda t: t + True), (m, lambda t: t + 1), (m, lambda t: t + 1.0),
+             (x, lambda t: t * (1 + 0j)), (x, lambda t: torch.full_like(t, 1.0, dtype=None))]
+    for (dev_tensor, op), cpu_tensor in zip(cases, [ints] * 4 + [mask] * 3 + [ints] * 2):
+        got, want = op(dev_tensor), op(cpu_tensor)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        torch.testing.assert_close(got.cpu(), want)
+
+
 def test_advanced_indexing_takes_host_indices():
     # As on CUDA: x[idx], x[mask] and x[idx] = v accept index tensors on the CPU; other ops
     # with a CPU tensor argument (index_select) keep the device-mismatch error.

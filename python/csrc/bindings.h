@@ -19,6 +19,11 @@ namespace py = pybind11;
 void bindGraphEncoder(py::module_& m);
 /// make_wrapper: a LazyTensor's tensor object without _make_wrapper_subclass (lazy_wrapper.cc).
 void bindLazyWrapper(py::module_& m);
+/// make_wrapper's implementation, for C++ callers: the same arguments, a new reference or
+/// nullptr with a Python error set (lazy_wrapper.cc).
+PyObject* makeWrapperFast(PyObject* const* args, Py_ssize_t nargs);
+/// record_single, prepare_fast, make_lazy, configure_recorder: the recorder's hot path (recorder_fast.cc).
+void bindRecorderFast(py::module_& m);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
 /// This thread's current remote_accelerator device, as c10's device guard keeps it (device_guard.cc).

@@ -176,6 +176,8 @@ PyMethodDef g_make_wrapper_def = {
 
 }  // namespace
 
+PyObject* makeWrapperFast(PyObject* const* args, Py_ssize_t nargs) { return makeWrapper(nullptr, args, nargs); }
+
 void bindLazyWrapper(py::module_& m) {
   m.add_object("make_wrapper",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_make_wrapper_def, nullptr, m.ptr())));

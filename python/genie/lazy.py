@@ -33,9 +33,7 @@ class Cell(weakref.ref):
     __slots__ = ("value",)
 
 
-# genie._C.make_wrapper(cls, shape, strides | None, offset, dtype, device_index[, base]): what
-# torch.Tensor._make_wrapper_subclass makes for a LazyTensor, without its argument parser.
-_make_wrapper = _C.make_wrapper
+_record_single = _C.record_single
 
 
 class LazyTensor(torch.Tensor):
@@ -51,31 +49,15 @@ class LazyTensor(torch.Tensor):
     def __new__(cls, desc: tuple, value: Value, runtime, base: torch.Tensor | None = None) -> "LazyTensor":
         return cls._make(desc, False, value, runtime, base)
 
-    @classmethod
-    def _make(cls, desc: tuple, contiguous: bool, value: Value, runtime,
-              base: torch.Tensor | None = None) -> "LazyTensor":
-        """`LazyTensor(desc, value, runtime, base)`; `contiguous` says that desc's strides are the
-        default ones of its shape and its offset 0 (the wrapper is then made faster). `base`:
-        the tensor this one is a view of, if any; the view is an inference tensor exactly when
-        its base is one, as PyTorch's views are (`genie._C.make_wrapper`)."""
-        shape, strides, offset, dtype = desc
-        if base is not None:
-            r = _make_wrapper(cls, shape, None if contiguous else strides, offset, dtype, runtime.index, base)
-        elif contiguous:
-            r = _make_wrapper(cls, shape, None, 0, dtype, runtime.index)
-        else:
-            r = _make_wrapper(cls, shape, strides, offset, dtype, runtime.index)
-        r._desc = desc  # (shape, strides, offset, dtype): the shape-inference cache key part
-        cell = Cell(r, runtime._dead_callback)
-        cell.value = value
-        r._cell = cell
-        r._runtime = runtime
-        value.tensors += 1
-        value.storage.live += 1
-        # Runtime.track, inlined (once per recorded op). Keyed by id: hashing a weakref hashes
-        # the tensor, and comparing two would call Tensor.__eq__ (a recorded op).
-        runtime._refs[id(cell)] = cell
-        return r
+    # LazyTensor._make(desc, contiguous, value, runtime, base=None): `LazyTensor(desc, value,
+    # runtime, base)`; `contiguous` says that desc's strides are the default ones of its shape
+    # and its offset 0 (the wrapper is then made faster). `base`: the tensor this one is a view
+    # of, if any; the view is an inference tensor exactly when its base is one, as PyTorch's
+    # views are (`genie._C.make_wrapper`). The new tensor gets `_desc` (the shape-cache key
+    # part), `_cell` (a `Cell` holding `value`, watched by `runtime._refs`: Runtime.track) and
+    # `_runtime`; `value.tensors` and `value.storage.live` count it. In C++
+    # (`genie._C.make_lazy`, python/csrc/recorder_fast.cc): once per recorded output.
+    _make = classmethod(_C.make_lazy)
 
     # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -83,7 +65,10 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         with _lock:  # threads are serialized op by op (genie.runtime "Threads")
-            return _dispatch(func, args, kwargs or {})
+            # The common case in C++: an op whose shapes were seen before that makes one new
+            # tensor or a view (python/csrc/recorder_fast.cc); the recorder takes the rest.
+            out = _record_single(func, args, kwargs)
+            return _dispatch(func, args, kwargs or {}) if out is NotImplemented else out
 
     @property
     def operation(self) -> str | None:

@@ -30,8 +30,10 @@ from typing import Any
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
+from . import _C
+from . import graph as _graph
 from .graph import Constant, Node, Storage, Value, op_name
-from .lazy import LazyTensor
+from .lazy import Cell, LazyTensor
 from .shape_rules import RULES as _SHAPE_RULES
 
 aten = torch.ops.aten
@@ -275,13 +277,6 @@ def _record_form(a, call: _Call):
 _PLAIN = frozenset({int, str, type(None), torch.dtype})
 
 
-def _all_ints(a) -> bool:
-    for x in a:
-        if type(x) is not int:
-            return False
-    return True
-
-
 def _meta_form(a):
     if isinstance(a, LazyTensor):
         return meta_of(a)
@@ -300,54 +295,29 @@ def _meta_form(a):
 def _prepare(func, args: tuple, kwargs: dict):
     """(runtime, node args, node kwargs, shape-cache key) of one call: LazyTensors become their
     `Value`s, 0-dim CPU tensors `Constant`s. The key is (id(func), then per argument its
-    descriptor or value); `id` because hashing an OpOverload runs Python code. Raises
-    PyTorch's device-mismatch error for tensors of two devices or a non-scalar CPU tensor."""
-    runtime = None
-    call = None  # made at the first argument the fast cases do not cover; then it takes them all
-    key = [id(func)]
-    rec = []
-    for a in args:
-        t = type(a)
-        if call is None and t is LazyTensor:  # the common case, inlined
-            rt = a._runtime
-            if runtime is not rt:
-                if runtime is not None:
-                    raise _device_error(runtime, rt)
-                runtime = rt
-            key.append(a._desc)
-            v = a._cell.value
-            if v.error is not None:
-                raise v.error
-            rec.append(v)
-        elif call is None and t in _PLAIN:
-            key.append(a)
-            rec.append(a)
-        elif call is None and (t is float or t is bool):  # alpha, eps, flags: as _record_form
-            key.append(t)
-            key.append(a if a == a else "nan")
-            rec.append(a)
-        elif call is None and (t is list or t is tuple) and _all_ints(a):
-            # Sizes and dims (view, reshape, permute, sum): the key part _record_form gives.
-            key.append(t)
-            key.extend(a)
-            key.append(len(a))
-            rec.append(list(a) if t is list else a)
-        else:
-            if call is None:
-                call = _Call(runtime, key)
-            rec.append(_record_form(a, call))
+    descriptor or value, as `_record_form` makes it); `id` because hashing an OpOverload runs
+    Python code. Raises PyTorch's device-mismatch error for tensors of two devices or a
+    non-scalar CPU tensor, and a lost value's error.
+
+    Calls whose arguments are all of the common kinds are prepared in C++
+    (`genie._C.prepare_fast`, python/csrc/recorder_fast.cc: the same key and node arguments);
+    `_prepare_walk` takes the rest."""
+    fast = _prepare_fast(func, args, kwargs)
+    return fast if fast is not None else _prepare_walk(func, args, kwargs)
+
+
+def _prepare_walk(func, args: tuple, kwargs: dict):
+    """`_prepare` for any call: `_record_form` of each argument."""
+    call = _Call(None, [id(func)])
+    rec = tuple([_record_form(a, call) for a in args])
     rec_kwargs = {}
-    if kwargs:
-        if call is None:
-            call = _Call(runtime, key)
-        for k, a in kwargs.items():
-            key.append(k)
-            rec_kwargs[k] = _record_form(a, call)
-    if call is not None:
-        runtime = call.runtime
-        if call.cpu_tensor is not None and runtime is not None:
-            raise _device_error(runtime, call.cpu_tensor)
-    return runtime, tuple(rec), rec_kwargs, tuple(key)
+    for k, a in kwargs.items():
+        call.key.append(k)
+        rec_kwargs[k] = _record_form(a, call)
+    runtime = call.runtime
+    if call.cpu_tensor is not None and runtime is not None:
+        raise _device_error(runtime, call.cpu_tensor)
+    return runtime, rec, rec_kwargs, tuple(call.key)
 
 
 def _structure(out):
@@ -806,3 +776,8 @@ def _special_table():
 
 
 _SPECIAL = _special_table()
+
+# The C++ recorder (python/csrc/recorder_fast.cc) records plan hits with these classes and
+# tables; `_plans` and `_SPECIAL` are only ever changed in place, never rebound.
+_C.configure_recorder(LazyTensor, Cell, Node, Value, Storage, _plans, _SPECIAL, torch.dtype, _graph._sequence)
+_prepare_fast = _C.prepare_fast

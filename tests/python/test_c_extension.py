@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 
+import genie
 import genie._C as C  # built and installed (editable) by tools/setup.sh
 from genie.errors import GenieConnectionError, GenieError, GenieRemoteError
 
@@ -273,3 +274,78 @@ def test_make_wrapper_argument_errors():
         C.make_wrapper(LazyTensor, (2, 3), None, 4, torch.float32, 0)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         C.make_wrapper(LazyTensor, (2, 3), None, 0, "float32", 0)
+
+
+def _key_with_types(key):
+    """A shape-cache key with every element's type beside it: 1, 1.0 and True are equal."""
+    return [(type(k), _key_with_types(k) if type(k) is tuple else k) for k in key]
+
+
+def test_the_fast_recorder_prepares_calls_as_the_python_walk_does():
+    from genie import recorder
+    from genie.graph import Value
+    aten = torch.ops.aten
+    x = torch.randn(2, 3, device="remote_accelerator:0")
+    y = x.t()
+    covered = [
+        (aten.view.default, (x, [6])),
+        (aten.permute.default, (y, (1, 0))),
+        (aten.add.Tensor, (x, y.t())),
+        (aten.add.Tensor, (x, 1)), (aten.add.Tensor, (x, 1.0)), (aten.add.Tensor, (x, True)),
+        (aten.mul.Tensor, (x, float("nan"))),
+        (aten.sum.dim_IntList, (x, [], False)),
+        (aten.to.dtype, (x, torch.float16, False, False, None)),
+        (aten.gelu.default, (x, "tanh")),
+    ]
+    for func, args in covered:
+        fast = C.prepare_fast(func, args, {})
+        walk = recorder._prepare_walk(func, args, {})
+        assert fast is not None, func
+        assert fast[0] is walk[0] and fast[2] == walk[2] == {}
+        assert [type(a) for a in fast[1]] == [type(a) for a in walk[1]], func
+        for a, b in zip(fast[1], walk[1]):
+            assert a is b if type(a) is Value else (a == b or a != a and b != b)  # NaN
+        assert _key_with_types(fast[3]) == _key_with_types(walk[3]), func
+    # Not covered: the Python walk decides (and raises PyTorch's errors).
+    assert C.prepare_fast(aten.add.Tensor, (x, x), {"alpha": 2}) is None
+    assert C.prepare_fast(aten.add.Tensor, (x, torch.ones(3)), {}) is None
+    assert C.prepare_fast(aten.view.default, (x, [6.0]), {}) is None
+    assert C.prepare_fast(aten.ones.default, ([2],), {}) is None  # no device tensor
+
+
+def test_the_fast_recorder_records_what_the_python_path_records():
+    # The same program twice: the first run plans each op (Python), the second records the
+    # plan hits in C++ (record_single). Same graphs, same values.
+    def program(x, w):
+        h = torch.addmm(x[0], x, w).relu()
+        return (h.view(-1)[1:5] * 2.0 + h.transpose(0, 1).reshape(-1)[:4]).sum()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 3), torch.randn(3, 3)
+    dx, dw = x.to("remote_accelerator:0"), w.to("remote_accelerator:0")
+    first, second = program(dx, dw), program(dx, dw)
+    assert first._cell.value.node.op is second._cell.value.node.op
+    torch.testing.assert_close(first.cpu(), program(x, w))
+    torch.testing.assert_close(second.cpu(), program(x, w))
+    hit = C.record_single(torch.ops.aten.relu.default, (dx,), {})
+    assert type(hit) is genie.LazyTensor and hit._cell.value.node.op is torch.ops.aten.relu.default
+    assert C.record_single(torch.ops.aten.relu.default, (dx,), {"out": dx}) is NotImplemented
+    # Node, Value and Storage are made in C++ without their __init__: every slot __init__ sets
+    # is set, to what __init__ would set.
+    from genie.graph import Node, Storage, Value
+    value = hit._cell.value
+    node = value.node
+    like_node = Node(node.op, node.args, node.kwargs, 1)
+    like_value = Value(node, 0, value.storage, value.dtype)
+
+    def slots(obj):
+        return {name: getattr(obj, name) for name in type(obj).__slots__ if name != "__weakref__"}
+
+    assert {k: v for k, v in slots(node).items() if k not in ("seq", "outputs")} == \
+        {k: v for k, v in slots(like_node).items() if k not in ("seq", "outputs")}
+    assert like_node.seq > node.seq and node.outputs == (value,)
+    assert {k: v for k, v in slots(value).items() if k != "tensors"} == \
+        {k: v for k, v in slots(like_value).items() if k != "tensors"}
+    assert value.tensors == 1 and value.storage.live == 1 and not value.storage.written
+    assert set(slots(value.storage)) == set(slots(Storage()))
+    torch.testing.assert_close(hit.cpu(), x.relu())

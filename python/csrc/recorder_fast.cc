@@ -1,0 +1,471 @@
+// genie._C.record_single, prepare_fast, make_lazy: the recorder's hottest path in C++.
+//
+// Recording one op in Python (genie.recorder: __torch_dispatch__ -> dispatch -> record_op ->
+// _prepare -> LazyTensor._make) cost ~10 µs per op inside a HuggingFace GPT-2 decode step on
+// the development VM, a third of the step's recording. Most ops of a model step are the same
+// ops on the same shapes as the step before ("plan" hits, genie.recorder._plans) with one
+// output that is new or a view of an argument (`_Plan.single`). This file records exactly those
+// ops, with the same objects as the Python path makes (Node, Value, Storage, Cell and the
+// LazyTensor, genie.graph and genie.lazy), so that everything after recording (the cut,
+// lowering, the runtime's books) sees no difference:
+//
+//  - prepare_fast(func, args, kwargs): recorder._prepare for calls whose arguments are all of
+//    the common kinds (LazyTensors of one device, ints, strs, None, dtypes, floats, bools, and
+//    lists or tuples of ints) and no keyword arguments: (runtime, node args, {}, key), with the
+//    key recorder._record_form makes for them (the two must agree: tests/python compare them).
+//    None when a call is not of that form (then the Python path decides, and raises PyTorch's
+//    errors where it must).
+//  - record_single(func, args, kwargs): the whole record_op for a plan hit with `single` set;
+//    NotImplemented for anything else (the caller then runs the Python path).
+//  - make_lazy(cls, desc, contiguous, value, runtime, base=None): LazyTensor._make.
+//
+// configure_recorder(LazyTensor, Cell, Node, Value, Storage, plans, special, torch.dtype,
+// genie.graph._sequence) gives it the classes, the recorder's dictionaries and the node
+// counter, once, when genie.recorder is imported. Node, Value and Storage are made without
+// running their Python __init__ (a Python frame each): the object is allocated and every slot
+// that __init__ sets is set through its member descriptor, as are the slots of LazyTensor
+// and Cell that this file reads (no lookup by name). So the slots named here must be what
+// the classes' __init__ set: configure_recorder checks that each is a slot, and
+// tests/python/test_c_extension.py that the objects equal those __init__ makes.
+// Called with the GIL held and under genie.runtime.lock, as __torch_dispatch__ is. No torch
+// headers: the wrapper itself is made by lazy_wrapper.cc.
+#include <pybind11/pybind11.h>
+
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+
+namespace genie::python {
+namespace {
+
+/// One `__slots__` attribute of a class: its member descriptor, read and written directly (no
+/// attribute lookup by name). get: a new reference, or nullptr with AttributeError when unset.
+struct Slot {
+  PyObject* descr = nullptr;
+  PyObject* get(PyObject* obj) const {
+    return Py_TYPE(descr)->tp_descr_get(descr, obj, reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+  }
+  bool set(PyObject* obj, PyObject* value) const { return Py_TYPE(descr)->tp_descr_set(descr, obj, value) == 0; }
+};
+
+/// The classes and dictionaries of genie.lazy, genie.graph and genie.recorder (strong refs),
+/// and the slots this file reads and writes.
+struct Recorder {
+  PyObject* lazy_tensor = nullptr;  // genie.lazy.LazyTensor
+  PyObject* cell = nullptr;         // genie.lazy.Cell
+  PyObject* node = nullptr;         // genie.graph.Node
+  PyObject* value = nullptr;        // genie.graph.Value
+  PyObject* storage = nullptr;      // genie.graph.Storage
+  PyObject* plans = nullptr;        // recorder._plans: key -> _Plan
+  PyObject* special = nullptr;      // recorder._SPECIAL: id(func) -> handler
+  PyObject* dtype_type = nullptr;   // torch.dtype
+  PyObject* sequence = nullptr;     // genie.graph._sequence: Node.seq
+  // LazyTensor
+  Slot t_runtime, t_desc, t_cell;
+  // Cell
+  Slot c_value;
+  // Node (all of Node.__init__'s)
+  Slot n_op, n_args, n_kwargs, n_num_outputs, n_seq, n_outputs, n_writes;
+  // Value (all of Value.__init__'s)
+  Slot v_node, v_index, v_handle, v_storage, v_tensors, v_residency, v_dtype, v_error, v_host;
+  // Storage
+  Slot s_live, s_written;
+};
+Recorder g;
+
+/// Interned attribute names, made once.
+struct Names {
+  PyObject *single, *index, *record, *dead_callback, *refs, *nan;
+};
+Names n;
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+/// Steals a new reference; Py_XDECREF at scope exit.
+struct Ref {
+  PyObject* p;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p); }
+  PyObject* get() const { return p; }
+  void reset(PyObject* o) {
+    Py_XDECREF(p);
+    p = o;
+  }
+  PyObject* release() {
+    PyObject* o = p;
+    p = nullptr;
+    return o;
+  }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+bool configured() {
+  if (g.lazy_tensor != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "genie._C: configure_recorder was not called (import genie first)");
+  return false;
+}
+
+bool allInts(PyObject* seq) {
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    if (!PyLong_CheckExact(items[i])) return false;
+  }
+  return true;
+}
+
+/// The result of prepare: key and node args, and the runtime (borrowed from an argument).
+struct Prepared {
+  Ref key;  // tuple
+  Ref rec;  // tuple
+  PyObject* runtime = nullptr;
+};
+
+/// recorder._prepare's common cases (see the top of this file). Returns false with no Python
+/// error set when the call is not of that form, false with an error set on failure.
+bool prepare(PyObject* func, PyObject* args, PyObject* kwargs, Prepared& out) {
+  if (!PyTuple_CheckExact(args)) return false;
+  if (kwargs != nullptr && kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return false;
+  const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  Ref key(PyList_New(0));
+  Ref rec(PyTuple_New(nargs));
+  if (!key || !rec) return false;
+  {
+    Ref id(PyLong_FromVoidPtr(func));  // id(func)
+    if (!id || PyList_Append(key.get(), id.get()) < 0) return false;
+  }
+  PyObject* runtime = nullptr;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    PyTypeObject* t = Py_TYPE(a);
+    PyObject* rec_item = nullptr;  // new reference
+    if (reinterpret_cast<PyObject*>(t) == g.lazy_tensor) {
+      Ref rt(g.t_runtime.get(a));
+      if (!rt) return false;
+      if (runtime != nullptr && runtime != rt.get()) return false;  // Python raises the device error
+      runtime = rt.get();  // borrowed: the argument keeps it
+      Ref desc(g.t_desc.get(a));
+      if (!desc || PyList_Append(key.get(), desc.get()) < 0) return false;
+      Ref cell(g.t_cell.get(a));
+      if (!cell) return false;
+      Ref value(g.c_value.get(cell.get()));
+      if (!value) return false;
+      Ref error(g.v_error.get(value.get()));
+      if (!error) return false;
+      if (error.get() != Py_None) return false;  // Python raises it
+      rec_item = value.release();
+    } else if (t == &PyLong_Type || t == &PyUnicode_Type || a == Py_None ||
+               reinterpret_cast<PyObject*>(t) == g.dtype_type) {
+      if (PyList_Append(key.get(), a) < 0) return false;
+      Py_INCREF(a);
+      rec_item = a;
+    } else if (t == &PyFloat_Type || t == &PyBool_Type) {
+      // Tagged with the type: 1 == 1.0 == True (recorder._record_form).
+      if (PyList_Append(key.get(), reinterpret_cast<PyObject*>(t)) < 0) return false;
+      const bool nan = t == &PyFloat_Type && PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a);
+      if (PyList_Append(key.get(), nan ? n.nan : a) < 0) return false;
+      Py_INCREF(a);
+      rec_item = a;
+    } else if ((t == &PyList_Type || t == &PyTuple_Type) && allInts(a)) {
+      const Py_ssize_t size = PySequence_Fast_GET_SIZE(a);
+      if (PyList_Append(key.get(), reinterpret_cast<PyObject*>(t)) < 0) return false;
+      PyObject** items = PySequence_Fast_ITEMS(a);
+      for (Py_ssize_t j = 0; j < size; ++j) {
+        if (PyList_Append(key.get(), items[j]) < 0) return false;
+      }
+      Ref len(PyLong_FromSsize_t(size));
+      if (!len || PyList_Append(key.get(), len.get()) < 0) return false;
+      if (t == &PyList_Type) {
+        rec_item = PyList_GetSlice(a, 0, size);  // a copy: the program may change its list
+        if (rec_item == nullptr) return false;
+      } else {
+        Py_INCREF(a);
+        rec_item = a;
+      }
+    } else {
+      return false;
+    }
+    PyTuple_SET_ITEM(rec.get(), i, rec_item);  // steals
+  }
+  if (runtime == nullptr) return false;
+  out.key.reset(PyList_AsTuple(key.get()));
+  if (!out.key) return false;
+  out.rec.reset(rec.release());
+  out.runtime = runtime;
+  return true;
+}
+
+/// obj.<slot> += delta for an int slot.
+bool addToInt(PyObject* obj, const Slot& slot, long delta) {
+  Ref v(slot.get(obj));
+  if (!v) return false;
+  const long current = PyLong_AsLong(v.get());
+  if (current == -1 && PyErr_Occurred()) return false;
+  Ref updated(PyLong_FromLong(current + delta));
+  return updated && slot.set(obj, updated.get());
+}
+
+/// A new instance of `cls` (a class with __slots__) whose `__init__` has not run: the caller
+/// sets every slot its `__init__` would.
+PyObject* allocate(PyObject* cls) {
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(cls);
+  return type->tp_alloc(type, 0);
+}
+
+/// Node(op, args, kwargs, num_outputs) (genie.graph.Node.__init__), writes ().
+PyObject* newNode(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* num_outputs) {
+  Ref node(allocate(g.node));
+  Ref seq(node ? PyIter_Next(g.sequence) : nullptr);
+  Ref empty(PyTuple_New(0));
+  if (!seq || !empty) return nullptr;
+  if (!g.n_op.set(node.get(), op) || !g.n_args.set(node.get(), args) || !g.n_kwargs.set(node.get(), kwargs) ||
+      !g.n_num_outputs.set(node.get(), num_outputs) || !g.n_seq.set(node.get(), seq.get()) ||
+      !g.n_outputs.set(node.get(), empty.get()) || !g.n_writes.set(node.get(), empty.get())) {
+    return nullptr;
+  }
+  return node.release();
+}
+
+/// Value(node, index, storage, dtype) (genie.graph.Value.__init__).
+PyObject* newValue(PyObject* node, PyObject* index, PyObject* storage, PyObject* dtype) {
+  static PyObject* const zero = PyLong_FromLong(0);
+  Ref value(allocate(g.value));
+  if (!value) return nullptr;
+  PyObject* v = value.get();
+  if (!g.v_node.set(v, node) || !g.v_index.set(v, index) || !g.v_handle.set(v, Py_None) ||
+      !g.v_storage.set(v, storage) || !g.v_tensors.set(v, zero) || !g.v_residency.set(v, zero) ||
+      !g.v_dtype.set(v, dtype) || !g.v_error.set(v, Py_None) || !g.v_host.set(v, Py_None)) {
+    return nullptr;
+  }
+  return value.release();
+}
+
+/// Storage() (genie.graph.Storage.__init__).
+PyObject* newStorage() {
+  static PyObject* const zero = PyLong_FromLong(0);
+  Ref storage(allocate(g.storage));
+  if (!storage || !g.s_live.set(storage.get(), zero) || !g.s_written.set(storage.get(), Py_False)) return nullptr;
+  return storage.release();
+}
+
+/// LazyTensor._make (genie.lazy): a new LazyTensor of type `cls` for `value` with descriptor
+/// `desc` = (shape, strides, offset, dtype); `base` (or None): the tensor it is a view of.
+PyObject* makeLazy(PyObject* cls, PyObject* desc, bool contiguous, PyObject* value, PyObject* runtime,
+                   PyObject* base) {
+  if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
+    PyErr_SetString(PyExc_TypeError, "make_lazy: desc must be a tuple (shape, strides, offset, dtype)");
+    return nullptr;
+  }
+  Ref index(PyObject_GetAttr(runtime, n.index));
+  if (!index) return nullptr;
+  static PyObject* const zero = PyLong_FromLong(0);
+  PyObject* wrapper_args[7] = {cls,
+                               PyTuple_GET_ITEM(desc, 0),
+                               contiguous ? Py_None : PyTuple_GET_ITEM(desc, 1),
+                               contiguous ? zero : PyTuple_GET_ITEM(desc, 2),
+                               PyTuple_GET_ITEM(desc, 3),
+                               index.get(),
+                               base};
+  const bool has_base = base != nullptr && base != Py_None;
+  Ref r(makeWrapperFast(wrapper_args, has_base ? 7 : 6));
+  if (!r) return nullptr;
+  if (!g.t_desc.set(r.get(), desc)) return nullptr;
+  Ref callback(PyObject_GetAttr(runtime, n.dead_callback));
+  if (!callback) return nullptr;
+  PyObject* cell_args[2] = {r.get(), callback.get()};
+  Ref cell(PyObject_Vectorcall(g.cell, cell_args, 2, nullptr));
+  if (!cell) return nullptr;
+  if (!g.c_value.set(cell.get(), value) || !g.t_cell.set(r.get(), cell.get()) ||
+      !g.t_runtime.set(r.get(), runtime)) {
+    return nullptr;
+  }
+  if (!addToInt(value, g.v_tensors, 1)) return nullptr;
+  Ref storage(g.v_storage.get(value));
+  if (!storage || !addToInt(storage.get(), g.s_live, 1)) return nullptr;
+  // Runtime.track, inlined: keyed by id (hashing a weakref hashes the tensor).
+  Ref refs(PyObject_GetAttr(runtime, n.refs));
+  Ref cell_id(PyLong_FromVoidPtr(cell.get()));
+  if (!refs || !cell_id || PyObject_SetItem(refs.get(), cell_id.get(), cell.get()) < 0) return nullptr;
+  return r.release();
+}
+
+PyObject* makeLazyPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 && nargs != 6) {
+    PyErr_Format(PyExc_TypeError, "make_lazy(cls, desc, contiguous, value, runtime[, base]) takes 5 or 6 arguments, "
+                 "got %zd", nargs);
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  const int contiguous = PyObject_IsTrue(args[2]);
+  if (contiguous < 0) return nullptr;
+  return makeLazy(args[0], args[1], contiguous != 0, args[3], args[4], nargs == 6 ? args[5] : nullptr);
+}
+
+PyObject* prepareFastPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "prepare_fast(func, args, kwargs) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  Prepared p;
+  if (!prepare(args[0], args[1], args[2], p)) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  Ref kwargs(PyDict_New());
+  if (!kwargs) return nullptr;
+  return PyTuple_Pack(4, p.runtime, p.rec.get(), kwargs.get(), p.key.get());
+}
+
+/// recorder.record_op for a plan hit with `single` set; NotImplemented otherwise.
+PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "record_single(func, args, kwargs) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  PyObject* func = args[0];
+  PyObject* call_args = args[1];
+  {
+    Ref id(PyLong_FromVoidPtr(func));
+    if (!id) return nullptr;
+    PyObject* special = PyDict_GetItemWithError(g.special, id.get());  // borrowed
+    if (special != nullptr) Py_RETURN_NOTIMPLEMENTED;
+    if (PyErr_Occurred()) return nullptr;
+  }
+  Prepared p;
+  if (!prepare(func, call_args, args[2], p)) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  PyObject* plan = PyDict_GetItemWithError(g.plans, p.key.get());  // borrowed
+  if (plan == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  Ref single(PyObject_GetAttr(plan, n.single));
+  if (!single) return nullptr;
+  if (single.get() == Py_None) Py_RETURN_NOTIMPLEMENTED;
+  // single = (desc, contiguous, view_of); from here on, recorder.record_op's `single` branch.
+  PyObject* desc = PyTuple_GET_ITEM(single.get(), 0);
+  const int contiguous = PyObject_IsTrue(PyTuple_GET_ITEM(single.get(), 1));
+  if (contiguous < 0) return nullptr;
+  const long view_of = PyLong_AsLong(PyTuple_GET_ITEM(single.get(), 2));
+  if (view_of == -1 && PyErr_Occurred()) return nullptr;
+
+  Ref kwargs(PyDict_New());
+  Ref one(PyLong_FromLong(1));
+  if (!kwargs || !one) return nullptr;
+  Ref node(newNode(func, p.rec.get(), kwargs.get(), one.get()));
+  if (!node) return nullptr;
+  {
+    Ref recorded(PyObject_CallMethodOneArg(p.runtime, n.record, node.get()));
+    if (!recorded) return nullptr;
+  }
+  PyObject* base = nullptr;
+  if (view_of >= 0 && view_of < PyTuple_GET_SIZE(call_args) &&
+      reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(call_args, view_of))) == g.lazy_tensor) {
+    base = PyTuple_GET_ITEM(call_args, view_of);
+  }
+  Ref storage;
+  if (base == nullptr) {
+    storage.reset(newStorage());
+  } else {
+    Ref cell(g.t_cell.get(base));
+    Ref value(cell ? g.c_value.get(cell.get()) : nullptr);
+    storage.reset(value ? g.v_storage.get(value.get()) : nullptr);
+  }
+  if (!storage) return nullptr;
+  Ref zero(PyLong_FromLong(0));
+  if (!zero) return nullptr;
+  Ref value(newValue(node.get(), zero.get(), storage.get(), PyTuple_GET_ITEM(desc, 3)));
+  if (!value) return nullptr;
+  Ref outputs(PyTuple_Pack(1, value.get()));
+  if (!outputs || !g.n_outputs.set(node.get(), outputs.get())) return nullptr;
+  return makeLazy(g.lazy_tensor, desc, contiguous != 0, value.get(), p.runtime, base);
+}
+
+/// The member descriptor of `cls`'s slot `name`; false with TypeError if it is not a slot.
+bool slotOf(PyObject* cls, const char* name, Slot& slot) {
+  Ref descr(PyObject_GetAttrString(cls, name));
+  if (!descr) return false;
+  if (!PyObject_TypeCheck(descr.get(), &PyMemberDescr_Type)) {
+    PyErr_Format(PyExc_TypeError, "configure_recorder: %s.%s is not a __slots__ attribute",
+                 reinterpret_cast<PyTypeObject*>(cls)->tp_name, name);
+    return false;
+  }
+  Py_XSETREF(slot.descr, descr.release());
+  return true;
+}
+
+PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_Format(PyExc_TypeError, "configure_recorder(LazyTensor, Cell, Node, Value, Storage, plans, special, "
+                 "dtype_type, sequence) takes 9 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  for (int i : {0, 1, 2, 3, 4, 7}) {
+    if (!PyType_Check(args[i])) {
+      PyErr_Format(PyExc_TypeError, "configure_recorder: argument %d must be a class, got %s", i,
+                   Py_TYPE(args[i])->tp_name);
+      return nullptr;
+    }
+  }
+  if (!PyDict_Check(args[5]) || !PyDict_Check(args[6]) || !PyIter_Check(args[8])) {
+    PyErr_SetString(PyExc_TypeError, "configure_recorder: plans and special must be dicts, sequence an iterator");
+    return nullptr;
+  }
+  const std::pair<PyObject*, std::vector<std::pair<const char*, Slot*>>> slots[] = {
+      {args[0], {{"_runtime", &g.t_runtime}, {"_desc", &g.t_desc}, {"_cell", &g.t_cell}}},
+      {args[1], {{"value", &g.c_value}}},
+      {args[2], {{"op", &g.n_op}, {"args", &g.n_args}, {"kwargs", &g.n_kwargs}, {"num_outputs", &g.n_num_outputs},
+                 {"seq", &g.n_seq}, {"outputs", &g.n_outputs}, {"writes", &g.n_writes}}},
+      {args[3], {{"node", &g.v_node}, {"index", &g.v_index}, {"handle", &g.v_handle}, {"storage", &g.v_storage},
+                 {"tensors", &g.v_tensors}, {"residency", &g.v_residency}, {"dtype", &g.v_dtype},
+                 {"error", &g.v_error}, {"host", &g.v_host}}},
+      {args[4], {{"live", &g.s_live}, {"written", &g.s_written}}},
+  };
+  for (const auto& [cls, names] : slots) {
+    for (const auto& [name, slot] : names) {
+      if (!slotOf(cls, name, *slot)) return nullptr;
+    }
+  }
+  PyObject** objects[9] = {&g.lazy_tensor, &g.cell, &g.node,       &g.value,   &g.storage,
+                           &g.plans,       &g.special, &g.dtype_type, &g.sequence};
+  for (int i = 0; i < 9; ++i) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*objects[i], args[i]);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_methods[] = {
+    {"configure_recorder", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&configurePy)), METH_FASTCALL,
+     "configure_recorder(LazyTensor, Cell, Node, Value, Storage, plans, special, dtype_type, sequence): the "
+     "classes, dictionaries and Node.seq counter record_single uses (genie.recorder calls it once at import). "
+     "TypeError when a class lacks one of the __slots__ attributes it sets."},
+    {"prepare_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&prepareFastPy)), METH_FASTCALL,
+     "prepare_fast(func, args, kwargs) -> (runtime, node args, {}, key) | None\n\n"
+     "genie.recorder._prepare for calls of the common form (python/csrc/recorder_fast.cc); None otherwise."},
+    {"record_single", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&recordSinglePy)), METH_FASTCALL,
+     "record_single(func, args, kwargs) -> LazyTensor | NotImplemented\n\n"
+     "Records `func` when its shape plan is cached and it makes one new tensor or one view "
+     "(genie.recorder.record_op's `single` case); NotImplemented for any other call."},
+    {"make_lazy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeLazyPy)), METH_FASTCALL,
+     "make_lazy(cls, desc, contiguous, value, runtime[, base]) -> LazyTensor (genie.lazy.LazyTensor._make)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+void bindRecorderFast(py::module_& m) {
+  n = Names{intern("single"), intern("index"), intern("record"), intern("_dead_callback"), intern("_refs"),
+            intern("nan")};
+  for (PyMethodDef* def = g_methods; def->ml_name != nullptr; ++def) {
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.ptr())));
+  }
+}
+
+}  // namespace genie::python

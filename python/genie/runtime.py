@@ -781,30 +781,46 @@ def runtime_for(device: torch.device) -> Runtime:
     if runtime is None:
         runtime = _session.make_runtime(index)
         _runtimes[index] = runtime
-        _freeze_gc_once()
+        _tune_gc_once()
     return runtime
 
 
-_gc_frozen = False
+_gc_tuned = False
+_GC_YOUNG_THRESHOLD = 50_000
 
 
-def _freeze_gc_once() -> None:
-    """On the process's first use of a remote device: collect garbage, then move every object
-    alive now (torch, transformers, the model being moved) to the GC's permanent generation
-    (`gc.freeze`, as vLLM does after loading a model).
+def _tune_gc_once() -> None:
+    """On the process's first use of a remote device, two changes to Python's cyclic GC (each
+    can be turned off; docs/configuration.md):
 
-    Why: capture keeps each step's pending graph (nodes, values, argument tuples: ~10,000
-    objects per GPT-2 decode step) alive across young collections, so they count toward the
-    next full collection, and a full collection traverses every object in the process (430,000
-    with transformers loaded: 260 ms on the development VM, once every ~8 decode steps). Frozen
-    objects are not traversed. They are still freed by reference counting; only cyclic garbage
-    among them is never collected, hence the collection first. `GENIE_GC_FREEZE=0` turns it off."""
-    global _gc_frozen
-    if _gc_frozen or os.environ.get("GENIE_GC_FREEZE", "1") == "0":
+    - `GENIE_GC_FREEZE` (default on): collect garbage, then move every object alive now
+      (torch, transformers, the model being moved) to the permanent generation (`gc.freeze`,
+      as vLLM does after loading a model). Capture keeps each step's pending graph (nodes,
+      values, argument tuples: ~4,000 objects per GPT-2 decode step) alive across young
+      collections, so they count toward the next full collection, and a full collection
+      traverses every object in the process (430,000 with transformers loaded: 260 ms on the
+      development VM, once every ~8 decode steps). Frozen objects are not traversed. They are
+      still freed by reference counting; only cyclic garbage among them is never collected,
+      hence the collection first.
+    - `GENIE_GC_THRESHOLD` (default 50,000; 0 leaves it): the youngest generation's threshold
+      is raised to it (never lowered). At Python's 700, recording collected the young
+      generation about twice per GPT-2 decode step, traversing the pending graph each time
+      (~0.9 ms of a step), and a loop of recorded ops spent ~15% of its time in the GC. A
+      step's graph is freed by reference counting once it has run, so with a threshold above
+      its size almost no collection runs during recording. Cyclic garbage waits longer: at
+      most that many objects more."""
+    global _gc_tuned
+    if _gc_tuned:
         return
-    _gc_frozen = True
-    import atexit
+    _gc_tuned = True
     import gc
+    threshold = int(os.environ.get("GENIE_GC_THRESHOLD", _GC_YOUNG_THRESHOLD))
+    young, *older = gc.get_threshold()
+    if threshold > young:
+        gc.set_threshold(threshold, *older)
+    if os.environ.get("GENIE_GC_FREEZE", "1") == "0":
+        return
+    import atexit
     gc.collect()
     gc.freeze()
     # At exit the frozen objects go back to the GC, so that interpreter shutdown finalizes

@@ -68,9 +68,10 @@ def test_module_to_keeps_parameters_resident():
     torch.testing.assert_close(got, expected.detach())
 
 
-def test_first_device_use_freezes_the_gc_heap():
+def test_first_device_use_tunes_the_gc():
     """Objects alive at the first device use (torch, the model) are moved out of the GC's
-    full collections (runtime._freeze_gc_once), unless GENIE_GC_FREEZE=0."""
+    full collections, unless GENIE_GC_FREEZE=0, and the young generation's threshold is
+    raised to GENIE_GC_THRESHOLD (runtime._tune_gc_once)."""
     import gc
     import os
 
@@ -79,6 +80,8 @@ def test_first_device_use_freezes_the_gc_heap():
         assert gc.get_freeze_count() == 0
     else:
         assert gc.get_freeze_count() > 10_000
+    threshold = int(os.environ.get("GENIE_GC_THRESHOLD", 50_000))
+    assert gc.get_threshold()[0] >= threshold
 
 
 def test_manual_seed_reaches_the_node():

@@ -55,6 +55,35 @@ def test_decode_step_shapes_take_the_rules():
     assert check(aten.scaled_dot_product_attention.default, (query, key, value, mask))
 
 
+def test_elementwise_and_clone_rules_match_meta():
+    # The decode-step case: a position (a view with a moving storage offset) plus an int.
+    positions = lazy((40,), dtype=torch.int64)[-1:]
+    assert check(aten.add.Tensor, (positions, 1))
+    assert check(aten.add.Tensor, (positions.view(1, 1), positions.view(1, 1)))
+    assert check(aten.clone.default, (positions.view(1, 1),))
+    rng = random.Random(0)
+    answered = 0
+    scalars = [1, 2.5, True, -3, 0.0]
+    for _ in range(800):
+        dtype = rng.choice([torch.float32, torch.float16, torch.int64, torch.int32, torch.bool])
+        shape = tuple(rng.choice([1, 1, 2, 3]) for _ in range(rng.randint(0, 3)))
+        order = list(range(len(shape)))
+        rng.shuffle(order)
+        a = permuted(shape, order, dtype)
+        if shape and rng.random() < 0.3:  # a view with an offset: one more leading row, dropped
+            a = lazy((2,) + shape, dtype=dtype)[1]
+        other = rng.choice([rng.choice(scalars), lazy(shape, dtype=rng.choice([dtype, dtype, torch.float32])),
+                            lazy(shape[1:] if shape else (), dtype=dtype)])
+        op = rng.choice([aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor])
+        answered += check(op, (a, other))
+        memory_format = rng.choice([None, torch.preserve_format, torch.contiguous_format, torch.channels_last])
+        if memory_format is not None and (memory_format != torch.channels_last or len(shape) == 4):
+            answered += check(aten.clone.default, (a,), {"memory_format": memory_format})
+        else:
+            answered += check(aten.clone.default, (a,))
+    assert answered > 300  # the rules cover the common cases, not only declines
+
+
 def test_cat_rule_matches_meta_on_random_layouts():
     rng = random.Random(0)
     answered = 0

@@ -15,8 +15,10 @@
 //    key recorder._record_form makes for them (the two must agree: tests/python compare them).
 //    None when a call is not of that form (then the Python path decides, and raises PyTorch's
 //    errors where it must).
-//  - record_single(func, args, kwargs): the whole record_op for a plan hit with `single` set;
-//    NotImplemented for anything else (the caller then runs the Python path).
+//  - record_single(func, args, kwargs): the whole record_op for a plan hit with `single` set.
+//    For a call prepare_fast covers that is not such a hit, what prepare_fast returns, so that
+//    the Python recorder does not walk the arguments again; NotImplemented for the rest (ops
+//    with a special handler, calls of another form: the caller runs the Python path).
 //  - make_lazy(cls, desc, contiguous, value, runtime, base=None): LazyTensor._make.
 //
 // configure_recorder(LazyTensor, Cell, Node, Value, Storage, plans, special, torch.dtype,
@@ -126,17 +128,14 @@ struct Prepared {
 
 /// recorder._prepare's common cases (see the top of this file). Returns false with no Python
 /// error set when the call is not of that form, false with an error set on failure.
-bool prepare(PyObject* func, PyObject* args, PyObject* kwargs, Prepared& out) {
+bool prepare(PyObject* func_id, PyObject* args, PyObject* kwargs, Prepared& out) {
   if (!PyTuple_CheckExact(args)) return false;
   if (kwargs != nullptr && kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return false;
   const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
   Ref key(PyList_New(0));
   Ref rec(PyTuple_New(nargs));
   if (!key || !rec) return false;
-  {
-    Ref id(PyLong_FromVoidPtr(func));  // id(func)
-    if (!id || PyList_Append(key.get(), id.get()) < 0) return false;
-  }
+  if (PyList_Append(key.get(), func_id) < 0) return false;
   PyObject* runtime = nullptr;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyObject* a = PyTuple_GET_ITEM(args, i);
@@ -304,23 +303,30 @@ PyObject* makeLazyPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return makeLazy(args[0], args[1], contiguous != 0, args[3], args[4], nargs == 6 ? args[5] : nullptr);
 }
 
+/// (runtime, node args, {}, key): recorder._prepare's result.
+PyObject* preparedTuple(const Prepared& p) {
+  Ref kwargs(PyDict_New());
+  if (!kwargs) return nullptr;
+  return PyTuple_Pack(4, p.runtime, p.rec.get(), kwargs.get(), p.key.get());
+}
+
 PyObject* prepareFastPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_Format(PyExc_TypeError, "prepare_fast(func, args, kwargs) takes 3 arguments, got %zd", nargs);
     return nullptr;
   }
   if (!configured()) return nullptr;
+  Ref id(PyLong_FromVoidPtr(args[0]));  // id(func)
   Prepared p;
-  if (!prepare(args[0], args[1], args[2], p)) {
+  if (!id || !prepare(id.get(), args[1], args[2], p)) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NONE;
   }
-  Ref kwargs(PyDict_New());
-  if (!kwargs) return nullptr;
-  return PyTuple_Pack(4, p.runtime, p.rec.get(), kwargs.get(), p.key.get());
+  return preparedTuple(p);
 }
 
-/// recorder.record_op for a plan hit with `single` set; NotImplemented otherwise.
+/// recorder.record_op for a plan hit with `single` set; the prepared call for another call
+/// prepare covers; NotImplemented otherwise (see the top of this file).
 PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_Format(PyExc_TypeError, "record_single(func, args, kwargs) takes 3 arguments, got %zd", nargs);
@@ -329,26 +335,23 @@ PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!configured()) return nullptr;
   PyObject* func = args[0];
   PyObject* call_args = args[1];
-  {
-    Ref id(PyLong_FromVoidPtr(func));
-    if (!id) return nullptr;
-    PyObject* special = PyDict_GetItemWithError(g.special, id.get());  // borrowed
-    if (special != nullptr) Py_RETURN_NOTIMPLEMENTED;
-    if (PyErr_Occurred()) return nullptr;
-  }
+  Ref id(PyLong_FromVoidPtr(func));  // id(func)
+  if (!id) return nullptr;
+  if (PyDict_GetItemWithError(g.special, id.get()) != nullptr) Py_RETURN_NOTIMPLEMENTED;  // borrowed
+  if (PyErr_Occurred()) return nullptr;
   Prepared p;
-  if (!prepare(func, call_args, args[2], p)) {
+  if (!prepare(id.get(), call_args, args[2], p)) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NOTIMPLEMENTED;
   }
   PyObject* plan = PyDict_GetItemWithError(g.plans, p.key.get());  // borrowed
   if (plan == nullptr) {
     if (PyErr_Occurred()) return nullptr;
-    Py_RETURN_NOTIMPLEMENTED;
+    return preparedTuple(p);
   }
   Ref single(PyObject_GetAttr(plan, n.single));
   if (!single) return nullptr;
-  if (single.get() == Py_None) Py_RETURN_NOTIMPLEMENTED;
+  if (single.get() == Py_None) return preparedTuple(p);
   // single = (desc, contiguous, view_of); from here on, recorder.record_op's `single` branch.
   PyObject* desc = PyTuple_GET_ITEM(single.get(), 0);
   const int contiguous = PyObject_IsTrue(PyTuple_GET_ITEM(single.get(), 1));
@@ -451,9 +454,11 @@ PyMethodDef g_methods[] = {
      "prepare_fast(func, args, kwargs) -> (runtime, node args, {}, key) | None\n\n"
      "genie.recorder._prepare for calls of the common form (python/csrc/recorder_fast.cc); None otherwise."},
     {"record_single", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&recordSinglePy)), METH_FASTCALL,
-     "record_single(func, args, kwargs) -> LazyTensor | NotImplemented\n\n"
+     "record_single(func, args, kwargs) -> LazyTensor | tuple | NotImplemented\n\n"
      "Records `func` when its shape plan is cached and it makes one new tensor or one view "
-     "(genie.recorder.record_op's `single` case); NotImplemented for any other call."},
+     "(genie.recorder.record_op's `single` case). Any other call prepare_fast covers: prepare_fast's "
+     "tuple, for recorder.record_op(func, args, kwargs, prepared). NotImplemented for the rest "
+     "(special ops, other argument kinds)."},
     {"make_lazy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeLazyPy)), METH_FASTCALL,
      "make_lazy(cls, desc, contiguous, value, runtime[, base]) -> LazyTensor (genie.lazy.LazyTensor._make)."},
     {nullptr, nullptr, 0, nullptr}};

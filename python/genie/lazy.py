@@ -66,9 +66,14 @@ class LazyTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         with _lock:  # threads are serialized op by op (genie.runtime "Threads")
             # The common case in C++: an op whose shapes were seen before that makes one new
-            # tensor or a view (python/csrc/recorder_fast.cc); the recorder takes the rest.
+            # tensor or a view (python/csrc/recorder_fast.cc); the recorder takes the rest,
+            # given the prepared call (a tuple) when the C++ walk made it.
             out = _record_single(func, args, kwargs)
-            return _dispatch(func, args, kwargs or {}) if out is NotImplemented else out
+            if out is NotImplemented:
+                return _dispatch(func, args, kwargs or {})
+            if type(out) is tuple:
+                return _record_op(func, args, kwargs or {}, out)
+            return out
 
     @property
     def operation(self) -> str | None:
@@ -143,4 +148,5 @@ class LazyTensor(torch.Tensor):
 
 
 from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor
+from .recorder import record_op as _record_op  # noqa: E402
 from .runtime import lock as _lock  # noqa: E402

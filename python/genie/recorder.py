@@ -441,9 +441,10 @@ def _is_contiguous(desc: tuple) -> bool:
     return offset == 0 and tuple(strides) == tuple(make_contiguous_strides_for(shape))
 
 
-def record_op(func, args: tuple, kwargs: dict):
-    """Records `func` (no special handling): the generic path of `dispatch`."""
-    runtime, rec_args, rec_kwargs, key = _prepare(func, args, kwargs)
+def record_op(func, args: tuple, kwargs: dict, prepared: tuple | None = None):
+    """Records `func` (no special handling): the generic path of `dispatch`. `prepared`: what
+    `_prepare` returns for this call, when the caller has it (`genie._C.record_single`)."""
+    runtime, rec_args, rec_kwargs, key = prepared or _prepare(func, args, kwargs)
     if runtime is None:
         raise RuntimeError(f"{op_name(func)}: no remote_accelerator tensor among its arguments")
     plan = _plans.get(key)

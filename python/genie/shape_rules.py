@@ -166,11 +166,10 @@ def _binary_shapes(integers: bool):
         if not _dense(shape, strides):
             return None
         other = args[1]
-        if type(other) in keeps:
-            return "T", [_new_desc(tuple(shape), dtype)]
-        b = _lazy_desc(other)
-        if b is None or b[3] != dtype or tuple(b[0]) != tuple(shape) or not _dense(b[0], b[1]):
-            return None
+        if type(other) not in keeps:
+            b = _lazy_desc(other)
+            if b is None or b[3] != dtype or tuple(b[0]) != tuple(shape) or not _dense(b[0], b[1]):
+                return None
         return "T", [_new_desc(tuple(shape), dtype)]
 
     return rule

@@ -108,7 +108,7 @@ def test_demo_cli_on_cpu(tmp_path):
     env = dict(os.environ, **OFFLINE, PYTHONPATH=PYTHONPATH)
     proc = subprocess.run(
         [sys.executable, "-m", "genie.demo", "--device", "cpu", "--models", "minilm,gpt2,resnet50", "--quick",
-         "--max-new-tokens", "3", "--json", str(out)],
+         "--max-new-tokens", "3", "--rounds", "2", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
@@ -116,7 +116,8 @@ def test_demo_cli_on_cpu(tmp_path):
     assert report["passed"] and not report["counters_available"]
     assert [m["model"] for m in report["models"]] == ["minilm", "gpt2", "resnet50"]
     gpt2 = report["models"][1]
-    assert gpt2["device"]["step"]["steps"] == 2 and gpt2["device"]["counters"] is None
+    # Two rounds of 3 new tokens: 2 decode steps each, pooled.
+    assert gpt2["rounds"] == 2 and gpt2["device"]["step"]["steps"] == 4 and gpt2["device"]["counters"] is None
 
 
 def test_demo_flags():
@@ -124,7 +125,9 @@ def test_demo_flags():
 
     args = parse_args(["--device", "cpu", "--models", "gpt2, resnet50", "--quick"])
     assert args.models == ["gpt2", "resnet50"] and args.quick and args.device == "cpu"
-    assert parse_args([]).device == "remote_accelerator:0"
+    assert parse_args([]).device == "remote_accelerator:0" and parse_args([]).rounds == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "0"])
     with pytest.raises(SystemExit):
         parse_args(["--models", "bert"])
 

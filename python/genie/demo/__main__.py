@@ -2,9 +2,10 @@
 
 For each model (MiniLM sentence embeddings, GPT-2 greedy generation, ResNet-50 top-5), the
 same inputs run on the CPU and on ``--device`` in one process. Each side gets one warm-up run
-with the same inputs, then one measured run (wall time, result back on the CPU). Checks:
-MiniLM cosine(local, device) ≥ 0.9999 per sentence; GPT-2 token ids identical; ResNet-50 top-5
-identical per image. Exit status: 0 all checks pass, 1 a check failed or a run raised,
+with the same inputs, then ``--rounds`` rounds of (local run, device run) follow, alternated so
+that a machine whose speed drifts slows both sides alike; times are medians over the rounds
+(wall time, result back on the CPU). Checks, every round: MiniLM cosine(local, device) ≥
+0.9999 per sentence; GPT-2 token ids identical; ResNet-50 top-5 identical per image. Exit status: 0 all checks pass, 1 a check failed or a run raised,
 2 the device could not be set up.
 
     python -m genie.demo                          # remote_accelerator:0, all models
@@ -31,7 +32,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="small inputs: 4 sentences, 2 images, 4 new tokens (for tests)")
     parser.add_argument("--max-new-tokens", type=int, help="GPT-2 tokens to generate (default 32, --quick 4)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measured rounds of (local run, device run) after the warm-ups (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(args.models) - set(models.MODEL_NAMES))
     if unknown:
@@ -59,26 +64,34 @@ def describe_inputs(workload) -> str:
 
 
 def run_model(name: str, args, counters: Counters) -> dict:
-    """Load, run local and device (warm-up + measured each), check. Returns the model's report."""
+    """Load, warm up each side, run ``args.rounds`` alternated (local, device) rounds, check
+    every round. Returns the model's report (medians over the rounds)."""
     workload = harness.load(name, args.quick, args.max_new_tokens)
     report = {"model": name, "inputs": describe_inputs(workload),
-              "parameter_bytes": models.parameter_bytes(workload.model)}
+              "parameter_bytes": models.parameter_bytes(workload.model), "rounds": args.rounds}
     harness.run_once(workload, workload.model, "cpu", Counters("cpu"))            # warm-up
-    local = harness.run_once(workload, workload.model, "cpu", Counters("cpu"))
-    report["local"] = run_report(local)
+    local_runs, device_runs = [], []
     try:
         model, uploaded = harness.upload(workload, args.device, counters)
         report["upload"] = {"seconds": uploaded.seconds, "counters": uploaded.counters}
         harness.run_once(workload, model, args.device, counters)                    # warm-up
-        device = harness.run_once(workload, model, args.device, counters)
+        for _ in range(args.rounds):
+            local_runs.append(harness.run_once(workload, workload.model, "cpu", Counters("cpu")))
+            device_runs.append(harness.run_once(workload, model, args.device, counters))
     except Exception as error:  # the report names the failure; the other models still run
+        if local_runs:
+            report["local"] = run_report(harness.merge(local_runs))
         report.update(passed=False, error=f"{type(error).__name__}: {error}",
                       traceback=traceback.format_exc())
         return report
+    local, device = harness.merge(local_runs), harness.merge(device_runs)
+    report["local"] = run_report(local)
     report["device"] = run_report(device)
     report["ratio"] = device.seconds / local.seconds if local.seconds > 0 else None
-    result = harness.check(workload, local.result, device.result)
-    report.update(passed=result.passed, check=result.summary, check_lines=result.lines, check_details=result.details)
+    checks = [harness.check(workload, lo.result, dev.result) for lo, dev in zip(local_runs, device_runs)]
+    result = next((c for c in checks if not c.passed), checks[0])   # the first failing round, if any
+    report.update(passed=all(c.passed for c in checks), check=result.summary, check_lines=result.lines,
+                  check_details=result.details)
     del model
     return report
 
@@ -95,7 +108,8 @@ def print_report(reports: list, args, counters: Counters, out) -> None:
     rows = []
     for r in reports:
         if "device" not in r:
-            rows.append((r["model"], r["inputs"], format_seconds(r["local"]["seconds"]), "error", "-", "-", "-", "-",
+            local_s = r["local"]["seconds"] if "local" in r else None
+            rows.append((r["model"], r["inputs"], format_seconds(local_s), "error", "-", "-", "-", "-",
                          "FAIL"))
             continue
         dev = r["device"]
@@ -116,7 +130,8 @@ def print_report(reports: list, args, counters: Counters, out) -> None:
                      format_seconds(up.get("seconds")), "-", format_bytes(uc.get("bytes_sent")),
                      format_bytes(uc.get("bytes_received")), format_count(uc.get("round_trips")), ""))
     headers = ("model", "run", "local cpu", args.device, "device/local", "sent", "received", "round trips", "check")
-    title = "Genie demo: each side warmed up once with the same inputs, then one measured run (wall time)"
+    title = (f"Genie demo: each side warmed up once with the same inputs, then {args.rounds} alternated rounds "
+             "(wall time, medians)")
     print_table(title, headers, rows, file=out)
     if not counters.available:
         print(f"counters: - ({counters.unavailable_reason})", file=out)
@@ -148,7 +163,8 @@ def main(argv=None) -> int:
           file=out)
     if args.json:
         document = {"machine": machine(), "device": args.device, "quick": args.quick,
-                    "timing": "one warm-up run per side, then one measured run; decode step = median over steps",
+                    "timing": f"one warm-up run per side, then {args.rounds} alternated (local, device) rounds; "
+                              "medians over the rounds; decode step = median over every round's steps",
                     "counters_available": counters.available, "passed": passed,
                     "models": [{k: v for k, v in r.items() if k not in ("check_lines", "traceback")} for r in reports]}
         text = json.dumps(document, indent=2)

@@ -71,6 +71,13 @@ def run_once(workload, model: torch.nn.Module, device: str, counters: Counters) 
     return RunStats(measured.result, measured.seconds, measured.counters)
 
 
+def merge(runs: list[RunStats]) -> RunStats:
+    """Rounds of one side as one report: the first run's result, the median seconds and
+    counters, and every round's decode steps (so a step's median is over all rounds)."""
+    return RunStats(runs[0].result, median([r.seconds for r in runs]), median_counters([r.counters for r in runs]),
+                    [s for r in runs for s in r.step_seconds], [c for r in runs for c in r.step_counters])
+
+
 def upload(workload, device: str, counters: Counters):
     """The model moved to ``device`` (a copy; the CPU model stays) and that move measured."""
     measured = timed(lambda: models.to_device(workload.model, device), counters)

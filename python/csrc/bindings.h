@@ -24,6 +24,8 @@ void bindLazyWrapper(py::module_& m);
 PyObject* makeWrapperFast(PyObject* const* args, Py_ssize_t nargs);
 /// record_single, prepare_fast, make_lazy, configure_recorder: the recorder's hot path (recorder_fast.cc).
 void bindRecorderFast(py::module_& m);
+/// live_nodes, lower, configure_cut: the cut of the pending graph (cut_fast.cc).
+void bindCutFast(py::module_& m);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
 /// This thread's current remote_accelerator device, as c10's device guard keeps it (device_guard.cc).

@@ -37,19 +37,10 @@
 #include <vector>
 
 #include "bindings.h"
+#include "py_slots.h"
 
 namespace genie::python {
 namespace {
-
-/// One `__slots__` attribute of a class: its member descriptor, read and written directly (no
-/// attribute lookup by name). get: a new reference, or nullptr with AttributeError when unset.
-struct Slot {
-  PyObject* descr = nullptr;
-  PyObject* get(PyObject* obj) const {
-    return Py_TYPE(descr)->tp_descr_get(descr, obj, reinterpret_cast<PyObject*>(Py_TYPE(obj)));
-  }
-  bool set(PyObject* obj, PyObject* value) const { return Py_TYPE(descr)->tp_descr_set(descr, obj, value) == 0; }
-};
 
 /// The classes and dictionaries of genie.lazy, genie.graph and genie.recorder (strong refs),
 /// and the slots this file reads and writes.
@@ -83,26 +74,6 @@ struct Names {
 Names n;
 
 PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
-
-/// Steals a new reference; Py_XDECREF at scope exit.
-struct Ref {
-  PyObject* p;
-  explicit Ref(PyObject* o = nullptr) : p(o) {}
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  ~Ref() { Py_XDECREF(p); }
-  PyObject* get() const { return p; }
-  void reset(PyObject* o) {
-    Py_XDECREF(p);
-    p = o;
-  }
-  PyObject* release() {
-    PyObject* o = p;
-    p = nullptr;
-    return o;
-  }
-  explicit operator bool() const { return p != nullptr; }
-};
 
 bool configured() {
   if (g.lazy_tensor != nullptr) return true;
@@ -391,19 +362,6 @@ PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return makeLazy(g.lazy_tensor, desc, contiguous != 0, value.get(), p.runtime, base);
 }
 
-/// The member descriptor of `cls`'s slot `name`; false with TypeError if it is not a slot.
-bool slotOf(PyObject* cls, const char* name, Slot& slot) {
-  Ref descr(PyObject_GetAttrString(cls, name));
-  if (!descr) return false;
-  if (!PyObject_TypeCheck(descr.get(), &PyMemberDescr_Type)) {
-    PyErr_Format(PyExc_TypeError, "configure_recorder: %s.%s is not a __slots__ attribute",
-                 reinterpret_cast<PyTypeObject*>(cls)->tp_name, name);
-    return false;
-  }
-  Py_XSETREF(slot.descr, descr.release());
-  return true;
-}
-
 PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 9) {
     PyErr_Format(PyExc_TypeError, "configure_recorder(LazyTensor, Cell, Node, Value, Storage, plans, special, "
@@ -433,7 +391,7 @@ PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   };
   for (const auto& [cls, names] : slots) {
     for (const auto& [name, slot] : names) {
-      if (!slotOf(cls, name, *slot)) return nullptr;
+      if (!slotOf(cls, name, *slot, "configure_recorder")) return nullptr;
     }
   }
   PyObject** objects[9] = {&g.lazy_tensor, &g.cell, &g.node,       &g.value,   &g.storage,

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .graph import Constant, Node, Value
+from . import _C
+from .graph import Constant, Node, Storage, Value
 
 
 class _IntMarker:
@@ -56,14 +57,10 @@ class Ref:
     index: int
 
 
-_INPUT_REFS: list[Ref] = []   # Ref(False, i), made once: lowering reuses them
-_OUTPUT_REFS: list[Ref] = []  # Ref(True, i)
-
-
-def _refs(cache: list[Ref], output: bool, n: int) -> list[Ref]:
-    while len(cache) < n:
-        cache.append(Ref(output, len(cache)))
-    return cache
+# Ref(False, i) and Ref(True, i) at index i, made once and shared by every lowering (genie._C
+# appends to them as graphs grow).
+_INPUT_REFS: list[Ref] = []
+_OUTPUT_REFS: list[Ref] = []
 
 
 @dataclass(slots=True)
@@ -82,95 +79,18 @@ class Lowered:
 def lower(nodes: list[Node], extra_inputs: list[Value] = ()) -> Lowered:
     """Lowers `nodes` (program order) in one walk. `extra_inputs` are resident values to add
     as inputs (values the caller wants returned that no node reads). Raises the value's error
-    for a lost input, RuntimeError for a value that is neither pending nor resident."""
-    input_ids: dict[int, int] = {}   # id(Value or Constant) -> input index
-    output_ids: dict[int, int] = {}  # id(Value) -> index among produced values
-    inputs: list[tuple[str, object]] = []
-    input_keys: list[tuple] = []
-    numbers: list[int | float] = []
-    in_refs, out_refs = _INPUT_REFS, _OUTPUT_REFS
+    for a lost input, RuntimeError for a value that is neither pending nor resident.
 
-    def add_input(a) -> Ref:
-        k = id(a)
-        i = input_ids.get(k)
-        if i is not None:
-            return in_refs[i]
-        if type(a) is Constant:
-            inputs.append(("inline", a.tensor))
-            input_keys.append(("inline", a.tensor.dtype))
-        else:
-            if a.error is not None:
-                raise a.error
-            if a.handle is None:
-                raise RuntimeError(f"value {a!r} is neither pending nor resident (lost)")
-            if a.residency == 1:
-                inputs.append(("weight", a.handle))
-                input_keys.append(("weight", a.handle))
-            else:
-                inputs.append(("handle", a.handle))
-                input_keys.append(("handle", a.dtype))
-        i = input_ids[k] = len(inputs) - 1
-        if i >= len(in_refs):
-            _refs(in_refs, False, 2 * i + 16)
-        return in_refs[i]
-
-    def enc(a, in_float_list: bool = False):
-        t = type(a)
-        if t is Value:
-            j = output_ids.get(id(a))
-            return out_refs[j] if j is not None else add_input(a)
-        if t is int:
-            if in_float_list:
-                return a
-            numbers.append(a)
-            return INT
-        if t is float and not in_float_list:
-            numbers.append(a)
-            return FLOAT
-        if t is list or t is tuple:
-            has_float = False
-            for x in a:
-                if type(x) is float:
-                    has_float = True
-                    break
-            return tuple([enc(x, has_float) for x in a])
-        if t is Constant:
-            return add_input(a)
-        if t is torch.device:
-            return torch.device(a.type)  # the node rewrites it to its own device
-        return a
-
-    for v in extra_inputs:
-        add_input(v)
-    entries = []
-    ops = []
-    produced = 0
-    for node in nodes:
-        args = []
-        for a in node.args:  # enc(a), with its two common cases inlined
-            t = type(a)
-            if t is Value:
-                j = output_ids.get(id(a))
-                args.append(out_refs[j] if j is not None else add_input(a))
-            elif t is int:
-                numbers.append(a)
-                args.append(INT)
-            else:
-                args.append(enc(a))
-        args = tuple(args)
-        kwargs = tuple([(k, enc(v)) for k, v in node.kwargs.items()]) if node.kwargs else ()
-        entries.append((id(node.op), args, kwargs, node.num_outputs))
-        ops.append(node.op)
-        for o in node.outputs:
-            output_ids[id(o)] = produced
-            produced += 1
-        if produced > len(out_refs):
-            _refs(out_refs, True, 2 * produced + 64)
-    n = len(inputs)
-    value_ids = {k: i + n for k, i in output_ids.items()}
-    value_ids.update(input_ids)
-    key = (tuple(input_keys), tuple(entries))
-    return Lowered(key, numbers, inputs, value_ids, n, ops)
+    Inputs are numbered in order of first use (extra inputs first), produced values in node
+    order. Each argument becomes: a `Ref` for a Value or Constant; INT for an int and FLOAT
+    for a float (their values appended to `numbers`), except inside a list holding a float,
+    whose numbers stay literal; a tuple for a list or tuple; `torch.device(type)` for a device
+    (the node uses its own index); anything else itself. The key is (per input
+    ("weight", handle) | ("handle", dtype) | ("inline", dtype), per node (id(op), args,
+    ((name, kwarg), ...), num_outputs)). Implemented in C++ (`genie._C.lower`,
+    python/csrc/cut_fast.cc): it walks every argument of every node of the cut."""
+    key, numbers, inputs, value_ids, num_inputs, ops = _C.lower(nodes, extra_inputs)
+    return Lowered(key, numbers, inputs, value_ids, num_inputs, ops)
 
 
 @dataclass
@@ -235,8 +155,6 @@ def _sign_differs(a: float, b) -> bool:
 
 def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
     """Serializes a lowered graph with the `lifted` int positions as scalar inputs."""
-    from . import _C
-
     slot_of = {pos: slot for slot, pos in enumerate(sorted(lifted))}
     counter = iter(range(len(lowered.numbers)))
 
@@ -262,3 +180,6 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
     # No input descriptors: graphs stay shape-generic (the node checks shapes as it runs ops).
     inputs = [(None, handle if kind == "weight" else None) for kind, handle in lowered.inputs]
     return _C.encode_graph(inputs, len(lifted), nodes, name)
+
+
+_C.configure_cut(Node, Value, Storage, Constant, Ref, INT, FLOAT, _INPUT_REFS, _OUTPUT_REFS, torch.device)

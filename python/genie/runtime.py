@@ -41,6 +41,7 @@ import weakref
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import _C
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
 from .host_eval import host_copy_of_upload, host_value
@@ -259,7 +260,7 @@ class Runtime:
         if len(self.in_flight) >= self.max_in_flight:
             self._deferred = self._reap_async()
         self._drain_dead()
-        nodes = self._live_nodes(set())
+        nodes = self._live_nodes([])
         pending, self.pending = self.pending, []
         try:
             cut = self._prepare_cut(nodes, [], [])
@@ -490,45 +491,15 @@ class Runtime:
         self.releasing = waiting
         return frees
 
-    def _live_nodes(self, wanted: set[int]) -> list[Node]:
-        """The pending nodes a read of `wanted` (ids of Values) or a live tensor needs, in
-        program order: a node is kept when a live tensor holds one of its outputs, one of its
-        outputs is wanted or needed by a kept node, or it writes a storage that a live tensor
-        aliases or that a later kept node reads. The last case is a write through a view that
-        dies before the read: `seq[:, :n] = ids` (a `copy_` into a slice of `seq`), then
-        `seq.clone()`, with `seq` dead by the time of the cut (HuggingFace's beam search)."""
-        needed = set(wanted)
-        read = set()  # ids of the Storages that kept nodes read
-        keep = []
-        for node in reversed(self.pending):
-            need = False
-            for o in node.outputs:
-                if o.tensors > 0 or id(o) in needed:
-                    need = True
-                    break
-            if not need:
-                for st in node.writes:
-                    if st.live > 0 or id(st) in read:
-                        need = True
-                        break
-            if need:
-                keep.append(node)
-                # Node.inputs(), inlined: no list per node.
-                for group in (node.args, node.kwargs.values()) if node.kwargs else (node.args,):
-                    for a in group:
-                        t = type(a)
-                        if t is Value:
-                            read.add(id(a.storage))
-                            if a.node is not None:
-                                needed.add(id(a))
-                        elif t is list or t is tuple:
-                            for x in a:
-                                if type(x) is Value:
-                                    read.add(id(x.storage))
-                                    if x.node is not None:
-                                        needed.add(id(x))
-        keep.reverse()
-        return keep
+    def _live_nodes(self, wanted: list[Value]) -> list[Node]:
+        """The pending nodes a read of `wanted` or a live tensor needs, in program order: a
+        node is kept when a live tensor holds one of its outputs, one of its outputs is wanted
+        or needed by a kept node, or it writes a storage that a live tensor aliases or that a
+        later kept node reads. The last case is a write through a view that dies before the
+        read: `seq[:, :n] = ids` (a `copy_` into a slice of `seq`), then `seq.clone()`, with
+        `seq` dead by the time of the cut (HuggingFace's beam search). One walk backwards over
+        the pending nodes, in C++ (`genie._C.live_nodes`, python/csrc/cut_fast.cc)."""
+        return _C.live_nodes(self.pending, wanted)
 
     def _prepare_cut(self, nodes: list[Node], returned: list[Value], described: list[Value]) -> "_Cut":
         """Lowers a cut, registers its graph if its structure is new, and builds the RunGraph's
@@ -547,8 +518,7 @@ class Runtime:
 
     def _execute(self, returned: list[Value], described: list[Value]) -> tuple[dict, dict]:
         self._drain_dead()
-        wanted = {id(v) for v in returned} | {id(v) for v in described}
-        nodes = self._live_nodes(wanted)
+        nodes = self._live_nodes(returned + described)
         pending, self.pending = self.pending, []
         try:
             cut = self._prepare_cut(nodes, returned, described)

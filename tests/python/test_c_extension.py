@@ -349,3 +349,123 @@ def test_the_fast_recorder_records_what_the_python_path_records():
     assert value.tensors == 1 and value.storage.live == 1 and not value.storage.written
     assert set(slots(value.storage)) == set(slots(Storage()))
     torch.testing.assert_close(hit.cpu(), x.relu())
+
+
+# ---- the cut in C++ (python/csrc/cut_fast.cc) ---------------------------------------------------
+# A plain-Python reading of the rules genie._C.live_nodes and genie._C.lower implement (the
+# docstrings of genie.runtime.Runtime._live_nodes and genie.lower.lower), as the oracle.
+
+def _reference_live_nodes(pending, wanted):
+    from genie.graph import Value
+    needed, read, keep = {id(v) for v in wanted}, set(), []
+    for node in reversed(pending):
+        if (any(o.tensors > 0 or id(o) in needed for o in node.outputs)
+                or any(st.live > 0 or id(st) in read for st in node.writes)):
+            keep.append(node)
+            for a in node.inputs():
+                read.add(id(a.storage))
+                if a.node is not None:
+                    needed.add(id(a))
+    assert all(type(a) is Value for n in keep for a in n.inputs())
+    return keep[::-1]
+
+
+def _reference_lower(nodes, extra_inputs):
+    from genie.graph import Constant, Value
+    from genie.lower import FLOAT, INT, Ref
+    inputs, keys, numbers, input_ids, output_ids = [], [], [], {}, {}
+
+    def add_input(a):
+        if id(a) not in input_ids:
+            if type(a) is Constant:
+                inputs.append(("inline", a.tensor))
+                keys.append(("inline", a.tensor.dtype))
+            else:
+                if a.error is not None:
+                    raise a.error
+                if a.handle is None:
+                    raise RuntimeError(f"value {a!r} is neither pending nor resident (lost)")
+                inputs.append(("weight" if a.residency == 1 else "handle", a.handle))
+                keys.append(("weight", a.handle) if a.residency == 1 else ("handle", a.dtype))
+            input_ids[id(a)] = len(inputs) - 1
+        return Ref(False, input_ids[id(a)])
+
+    def enc(a, in_float_list=False):
+        if type(a) is Value:
+            return Ref(True, output_ids[id(a)]) if id(a) in output_ids else add_input(a)
+        if type(a) is Constant:
+            return add_input(a)
+        if type(a) in (int, float) and not in_float_list:
+            numbers.append(a)
+            return INT if type(a) is int else FLOAT
+        if type(a) in (list, tuple):
+            return tuple(enc(x, any(type(y) is float for y in a)) for x in a)
+        if type(a) is torch.device:
+            return torch.device(a.type)
+        return a
+
+    for v in extra_inputs:
+        add_input(v)
+    entries = []
+    for node in nodes:
+        args = tuple(enc(a) for a in node.args)
+        kwargs = tuple((k, enc(v)) for k, v in node.kwargs.items())
+        entries.append((id(node.op), args, kwargs, node.num_outputs))
+        for o in node.outputs:
+            output_ids[id(o)] = len(output_ids)
+    n = len(inputs)
+    value_ids = {**{k: i + n for k, i in output_ids.items()}, **input_ids}
+    return (tuple(keys), tuple(entries)), numbers, inputs, value_ids, n, [node.op for node in nodes]
+
+
+def test_the_cut_in_cpp_equals_a_python_reading_of_its_rules():
+    from genie.graph import Storage, Value
+    from genie.runtime import runtime_for
+    dev = torch.device("remote_accelerator:0")
+    genie.synchronize()
+    runtime = runtime_for(dev)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3).to(dev)                    # weights: their handles are structure
+    resident = torch.randn(3).to(dev)                      # a resident activation
+    genie.synchronize()
+    x = torch.randn(2, 4, device=dev)
+    h = torch.nn.functional.layer_norm(lin(x) * torch.tensor(2.0), [3], eps=1e-3) + resident  # 0-dim constant
+    dead = h.exp()
+    seq = torch.zeros(2, 6, device=dev, dtype=torch.long)
+    view = seq[:, :2]
+    view.copy_(torch.ones(2, 2, dtype=torch.long, device=dev))  # a write through a view that dies
+    del view
+    up = torch.nn.functional.interpolate(h[None], scale_factor=[2.0], mode="linear")  # a float list
+    full = torch.full((2,), 0.5, device=dev)              # a device keyword argument
+    total = h.sum(dim=[0, 1], keepdim=True) + full.sum()  # an int list
+    del dead
+    runtime._drain_dead()
+    pending = list(runtime.pending)
+    for wanted in ([], [total._cell.value], [seq._cell.value, up._cell.value]):
+        fast, reference = C.live_nodes(pending, wanted), _reference_live_nodes(pending, wanted)
+        assert [id(n) for n in fast] == [id(n) for n in reference]
+    assert len(C.live_nodes(pending, [])) < len(pending)   # the dead exp() is left out
+    # Lowering takes any nodes: one more, made here, with a mixed float list (its int stays
+    # literal) and a keyword argument.
+    from genie.graph import Node
+    mixed = Node(torch.ops.aten.add.Tensor, (total._cell.value, [1.0, 2, 3.5]), {"alpha": 2}, 1)
+    mixed.outputs = (Value(mixed, 0, Storage(), torch.float32),)
+    pending.append(mixed)
+    extra = [resident._cell.value]
+    fast, reference = C.lower(pending, extra), _reference_lower(pending, extra)
+    assert fast[0] == reference[0] and fast[1] == reference[1]           # key, numbers
+    assert [(k, id(o)) for k, o in fast[2]] == [(k, id(o)) for k, o in reference[2]]  # inputs
+    assert fast[3] == reference[3] and fast[4] == reference[4]           # value ids, input count
+    assert [id(op) for op in fast[5]] == [id(op) for op in reference[5]]
+    assert any(k == "inline" for k, _ in fast[2]) and any(k == "weight" for k, _ in fast[2])
+    from genie.lower import INT
+    _, args, kwargs, num_outputs = fast[0][1][-1]
+    assert args[1] == (1.0, 2, 3.5) and kwargs == (("alpha", INT),) and num_outputs == 1 and fast[1][-1] == 2
+    # Lost inputs: the value's own error, or one naming the lost value.
+    lost = Value(None, 0, Storage(), torch.float32)
+    with pytest.raises(RuntimeError, match="neither pending nor resident"):
+        C.lower([], [lost])
+    lost.error = GenieRemoteError("aten::relu failed", op_index=3, op_name="aten::relu")
+    with pytest.raises(GenieRemoteError, match="aten::relu failed"):
+        C.lower([], [lost])
+    assert total.cpu().shape == (1, 1)

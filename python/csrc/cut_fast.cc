@@ -105,20 +105,19 @@ struct Liveness {
   /// A node is needed when a live tensor holds one of its outputs, one of its outputs is
   /// needed, or it writes a storage that a live tensor aliases or that a kept node reads.
   int isNeeded(PyObject* node) {
-    Ref outputs(c.n_outputs.get(node));
-    if (!outputs || !PyTuple_Check(outputs.get())) return -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outputs.get()); ++i) {
-      PyObject* o = PyTuple_GET_ITEM(outputs.get(), i);
-      if (needed.count(o) != 0) return 1;
-      const int live = positive(c.v_tensors, o);
-      if (live != 0) return live;
-    }
-    Ref writes(c.n_writes.get(node));
-    if (!writes || !PyTuple_Check(writes.get())) return -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(writes.get()); ++i) {
-      PyObject* st = PyTuple_GET_ITEM(writes.get(), i);
-      if (read.count(st) != 0) return 1;
-      const int live = positive(c.s_live, st);
+    const int by_outputs = anyMarkedOrLive(c.n_outputs.get(node), needed, c.v_tensors);
+    return by_outputs != 0 ? by_outputs : anyMarkedOrLive(c.n_writes.get(node), read, c.s_live);
+  }
+
+  /// 1 if an item of `items` (a new reference to a tuple) is in `marked` or has a positive
+  /// `count` slot, 0 if none, -1 with an error set on failure.
+  static int anyMarkedOrLive(PyObject* items, const std::unordered_set<PyObject*>& marked, const Slot& count) {
+    Ref tuple(items);
+    if (!tuple || !PyTuple_Check(tuple.get())) return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple.get()); ++i) {
+      PyObject* item = PyTuple_GET_ITEM(tuple.get(), i);
+      if (marked.count(item) != 0) return 1;
+      const int live = positive(count, item);
       if (live != 0) return live;
     }
     return 0;
@@ -373,35 +372,21 @@ PyObject* configureCutPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                  "output_refs, device_type) takes 10 arguments, got %zd", nargs);
     return nullptr;
   }
-  for (int i : {0, 1, 2, 3, 4, 9}) {
-    if (!PyType_Check(args[i])) {
-      PyErr_Format(PyExc_TypeError, "configure_cut: argument %d must be a class, got %s", i, Py_TYPE(args[i])->tp_name);
-      return nullptr;
-    }
-  }
   if (!PyList_CheckExact(args[7]) || !PyList_CheckExact(args[8])) {
     PyErr_SetString(PyExc_TypeError, "configure_cut: input_refs and output_refs must be lists");
     return nullptr;
   }
-  const std::pair<PyObject*, std::vector<std::pair<const char*, Slot*>>> slots[] = {
-      {args[0], {{"op", &c.n_op}, {"args", &c.n_args}, {"kwargs", &c.n_kwargs}, {"num_outputs", &c.n_num_outputs},
-                 {"outputs", &c.n_outputs}, {"writes", &c.n_writes}}},
-      {args[1], {{"node", &c.v_node}, {"storage", &c.v_storage}, {"tensors", &c.v_tensors}, {"error", &c.v_error},
-                 {"handle", &c.v_handle}, {"residency", &c.v_residency}, {"dtype", &c.v_dtype}}},
-      {args[2], {{"live", &c.s_live}}},
-      {args[3], {{"tensor", &c.k_tensor}}},
-  };
-  for (const auto& [cls, names] : slots) {
-    for (const auto& [name, slot] : names) {
-      if (!slotOf(cls, name, *slot, "configure_cut")) return nullptr;
-    }
-  }
-  PyObject** objects[10] = {&c.node,         &c.value,        &c.storage,    &c.constant,    &c.ref,
-                            &c.int_marker,   &c.float_marker, &c.input_refs, &c.output_refs, &c.device_type};
-  for (int i = 0; i < 10; ++i) {
-    Py_INCREF(args[i]);
-    Py_XSETREF(*objects[i], args[i]);
-  }
+  const bool ok = configure(
+      "configure_cut", args, {0, 1, 2, 3, 4, 9},
+      {{args[0], {{"op", &c.n_op}, {"args", &c.n_args}, {"kwargs", &c.n_kwargs}, {"num_outputs", &c.n_num_outputs},
+                  {"outputs", &c.n_outputs}, {"writes", &c.n_writes}}},
+       {args[1], {{"node", &c.v_node}, {"storage", &c.v_storage}, {"tensors", &c.v_tensors}, {"error", &c.v_error},
+                  {"handle", &c.v_handle}, {"residency", &c.v_residency}, {"dtype", &c.v_dtype}}},
+       {args[2], {{"live", &c.s_live}}},
+       {args[3], {{"tensor", &c.k_tensor}}}},
+      {&c.node, &c.value, &c.storage, &c.constant, &c.ref, &c.int_marker, &c.float_marker, &c.input_refs,
+       &c.output_refs, &c.device_type});
+  if (!ok) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -428,9 +413,7 @@ void bindCutFast(py::module_& m) {
   c.s_inline = PyUnicode_InternFromString("inline");
   c.s_dtype = PyUnicode_InternFromString("dtype");
   c.s_type = PyUnicode_InternFromString("type");
-  for (PyMethodDef* def = g_methods; def->ml_name != nullptr; ++def) {
-    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.ptr())));
-  }
+  if (!addFunctions(m.ptr(), g_methods)) throw py::error_already_set();
 }
 
 }  // namespace genie::python

@@ -368,38 +368,22 @@ PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                  "dtype_type, sequence) takes 9 arguments, got %zd", nargs);
     return nullptr;
   }
-  for (int i : {0, 1, 2, 3, 4, 7}) {
-    if (!PyType_Check(args[i])) {
-      PyErr_Format(PyExc_TypeError, "configure_recorder: argument %d must be a class, got %s", i,
-                   Py_TYPE(args[i])->tp_name);
-      return nullptr;
-    }
-  }
   if (!PyDict_Check(args[5]) || !PyDict_Check(args[6]) || !PyIter_Check(args[8])) {
     PyErr_SetString(PyExc_TypeError, "configure_recorder: plans and special must be dicts, sequence an iterator");
     return nullptr;
   }
-  const std::pair<PyObject*, std::vector<std::pair<const char*, Slot*>>> slots[] = {
-      {args[0], {{"_runtime", &g.t_runtime}, {"_desc", &g.t_desc}, {"_cell", &g.t_cell}}},
-      {args[1], {{"value", &g.c_value}}},
-      {args[2], {{"op", &g.n_op}, {"args", &g.n_args}, {"kwargs", &g.n_kwargs}, {"num_outputs", &g.n_num_outputs},
-                 {"seq", &g.n_seq}, {"outputs", &g.n_outputs}, {"writes", &g.n_writes}}},
-      {args[3], {{"node", &g.v_node}, {"index", &g.v_index}, {"handle", &g.v_handle}, {"storage", &g.v_storage},
-                 {"tensors", &g.v_tensors}, {"residency", &g.v_residency}, {"dtype", &g.v_dtype},
-                 {"error", &g.v_error}, {"host", &g.v_host}}},
-      {args[4], {{"live", &g.s_live}, {"written", &g.s_written}}},
-  };
-  for (const auto& [cls, names] : slots) {
-    for (const auto& [name, slot] : names) {
-      if (!slotOf(cls, name, *slot, "configure_recorder")) return nullptr;
-    }
-  }
-  PyObject** objects[9] = {&g.lazy_tensor, &g.cell, &g.node,       &g.value,   &g.storage,
-                           &g.plans,       &g.special, &g.dtype_type, &g.sequence};
-  for (int i = 0; i < 9; ++i) {
-    Py_INCREF(args[i]);
-    Py_XSETREF(*objects[i], args[i]);
-  }
+  const bool ok = configure(
+      "configure_recorder", args, {0, 1, 2, 3, 4, 7},
+      {{args[0], {{"_runtime", &g.t_runtime}, {"_desc", &g.t_desc}, {"_cell", &g.t_cell}}},
+       {args[1], {{"value", &g.c_value}}},
+       {args[2], {{"op", &g.n_op}, {"args", &g.n_args}, {"kwargs", &g.n_kwargs}, {"num_outputs", &g.n_num_outputs},
+                  {"seq", &g.n_seq}, {"outputs", &g.n_outputs}, {"writes", &g.n_writes}}},
+       {args[3], {{"node", &g.v_node}, {"index", &g.v_index}, {"handle", &g.v_handle}, {"storage", &g.v_storage},
+                  {"tensors", &g.v_tensors}, {"residency", &g.v_residency}, {"dtype", &g.v_dtype},
+                  {"error", &g.v_error}, {"host", &g.v_host}}},
+       {args[4], {{"live", &g.s_live}, {"written", &g.s_written}}}},
+      {&g.lazy_tensor, &g.cell, &g.node, &g.value, &g.storage, &g.plans, &g.special, &g.dtype_type, &g.sequence});
+  if (!ok) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -426,9 +410,7 @@ PyMethodDef g_methods[] = {
 void bindRecorderFast(py::module_& m) {
   n = Names{intern("single"), intern("index"), intern("record"), intern("_dead_callback"), intern("_refs"),
             intern("nan")};
-  for (PyMethodDef* def = g_methods; def->ml_name != nullptr; ++def) {
-    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.ptr())));
-  }
+  if (!addFunctions(m.ptr(), g_methods)) throw py::error_already_set();
 }
 
 }  // namespace genie::python

@@ -1,13 +1,5 @@
 # Finds the torch of the project's virtual environment (DESIGN.md "One torch"): CMake's
-# find_package(Torch) through torch.utils.cmake_prefix_path of GENIE_PYTHON.
-# Under scikit-build-core (pip install), the interpreter that builds the wheel is the one.
-if(DEFINED SKBUILD AND Python_EXECUTABLE)
-  set(GENIE_PYTHON_DEFAULT "${Python_EXECUTABLE}")
-else()
-  set(GENIE_PYTHON_DEFAULT "${PROJECT_SOURCE_DIR}/.venv/bin/python")
-endif()
-set(GENIE_PYTHON "${GENIE_PYTHON_DEFAULT}" CACHE FILEPATH
-    "Python whose torch the C++ side links (the project's virtual environment)")
+# find_package(Torch) through torch.utils.cmake_prefix_path of GENIE_PYTHON (GenieDependencies).
 execute_process(
   COMMAND "${GENIE_PYTHON}" -c "import torch, torch.utils; print(torch.utils.cmake_prefix_path, end='')"
   OUTPUT_VARIABLE GENIE_TORCH_PREFIX

@@ -12,11 +12,12 @@ cd "$ROOT"
 
 PACKAGES=(
   cmake ninja-build ccache pkg-config g++
-  libucx-dev ucx-utils                       # the data plane, and ucx_perftest to compare with
+  libucx-dev                                 # a site's UCX with verbs (GENIE_UCX=system; the ASan build)
   flatbuffers-compiler libflatbuffers-dev    # the wire schema
   libgtest-dev libgmock-dev libbenchmark-dev # tests and benchmarks
   libibverbs-dev librdmacm-dev               # RDMA fabrics (UCX's verbs transports)
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev
+  libsodium-dev                              # constant-time token comparison
   clang-14 libclang-rt-14-dev                # libFuzzer targets
   iproute2                                   # network namespaces for two-host tests
 )

@@ -13,9 +13,11 @@ echo "== C++ tests (ctest)"
 # One test at a time: the transport tests busy-poll and check time bounds (2 cores here).
 ctest --test-dir build --output-on-failure --timeout 300
 
-echo "== C++ tests under AddressSanitizer and UBSan (wire, transport; no torch)"
+echo "== C++ tests under AddressSanitizer and UBSan (wire, transport; no torch), on the system's UCX"
+# GENIE_UCX=system: the build for a site's UCX with verbs (Debian's 1.13.1 here) is compiled and
+# its data plane tested here, while build/ uses PyPI's UCX 1.22.
 if [ ! -f build-asan/build.ninja ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGENIE_BUILD_NODE=OFF -DGENIE_BUILD_FUZZERS=OFF \
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGENIE_UCX=system -DGENIE_BUILD_NODE=OFF -DGENIE_BUILD_FUZZERS=OFF \
     -DGENIE_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
 fi
 cmake --build build-asan -j "$(nproc)" --target wire_codec_test units_test transport_conformance_test \

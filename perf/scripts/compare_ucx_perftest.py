@@ -15,7 +15,8 @@ fastest configuration, shown for reference).
     perf/scripts/compare_ucx_perftest.py [--tls tcp,sm] [--repeat 3] [--markdown FILE]
 
 Each pair of numbers is the median of --repeat runs. Only loopback is used
-(UCX_NET_DEVICES=lo).
+(UCX_NET_DEVICES=lo). ucx_perftest is the one of the UCX that build/ links: PyPI's libucx-cu13
+in .venv (GENIE_UCX=pypi, the default), else the one on PATH (a system UCX).
 """
 import argparse
 import datetime
@@ -32,6 +33,21 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GENIE_BENCH = ROOT / "build" / "bin" / "genie-bench"
 MIB = 1 << 20
+
+
+def find_perftest():
+    """ucx_perftest of the venv's libucx-cu13 (the UCX genie-bench links by default), else PATH's."""
+    for python in (ROOT / ".venv" / "bin" / "python",):
+        if python.exists():
+            out = subprocess.run([str(python), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
+                                 capture_output=True, text=True)
+            candidate = pathlib.Path(out.stdout.strip()) / "bin" / "ucx_perftest"
+            if out.returncode == 0 and candidate.exists():
+                return str(candidate)
+    return "ucx_perftest"
+
+
+UCX_PERFTEST = find_perftest()
 
 
 def free_port():
@@ -67,8 +83,8 @@ def perftest(tls, test, size, iterations, error_handling):
     if error_handling:
         flags = ["-e"]
         env["UCX_MM_ERROR_HANDLING"] = "y"  # as Genie sets it: shared memory with peer errors
-    out = run_pair(["ucx_perftest", "-p", str(port)] + flags,
-                   ["ucx_perftest", "-p", str(port), "127.0.0.1", "-t", test, "-s", str(size), "-n",
+    out = run_pair([UCX_PERFTEST, "-p", str(port)] + flags,
+                   [UCX_PERFTEST, "-p", str(port), "127.0.0.1", "-t", test, "-s", str(size), "-n",
                     str(iterations), "-w", str(max(iterations // 10, 10))] + flags, env)
     for line in out.splitlines():
         if line.startswith("Final:"):

@@ -84,6 +84,9 @@ struct Client::Impl {
   std::condition_variable async_done;
   RemoteError last_error;
   bool closed = false;
+  // Set once the node said Goodbye (it is shutting down): every request then fails with it.
+  std::atomic<bool> node_left{false};
+  std::string goodbye;  // the node's reason; written once, before node_left is set
 
   void onMessage(InboundMessage message) {
     bytes_received += message.header().size() + message.payloadSize();
@@ -107,7 +110,7 @@ struct Client::Impl {
     }
     if (!waiting) {
       if (msg->body_type() == wire::Body::Goodbye) {
-        GENIE_LOG_INFO("genie-node {} said goodbye: {}", peer, wire::stringOf(msg->body_as_Goodbye()->reason()));
+        return onGoodbye(wire::stringOf(msg->body_as_Goodbye()->reason()));
       } else if (msg->body_type() == wire::Body::Error) {
         GENIE_LOG_WARN("genie-node {}: {}", peer, wire::stringOf(msg->body_as_Error()->message()));
       }
@@ -138,6 +141,23 @@ struct Client::Impl {
                        fmt::format("{}: {} (genie-node {} refused a request it could not read)",
                                    wire::errorCodeName(error.code()), wire::stringOf(error.message()), peer),
                        __FILE__, __LINE__));
+  }
+
+  /// The node said Goodbye (a clean stop): every request waiting, and every later one, fails
+  /// with kPeerUnreachable saying so, rather than with the connection's end.
+  void onGoodbye(std::string_view reason) {
+    GENIE_LOG_INFO("genie-node {} said goodbye: {}", peer, reason);
+    if (!node_left.load()) {
+      goodbye = std::string(reason);
+      node_left.store(true);
+    }
+    failPending(goneStatus());
+  }
+
+  /// kPeerUnreachable for a node that said Goodbye.
+  Status goneStatus() const {
+    return Status(StatusCode::kPeerUnreachable, fmt::format("genie-node {} is shutting down: {}", peer, goodbye),
+                  __FILE__, __LINE__);
   }
 
   /// The connection failed (peer died, link broke): every request waiting now fails at once
@@ -194,6 +214,7 @@ struct Client::Impl {
   /// a message that gets no reply could not report either.
   Status sendable() const {
     if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
+    if (node_left.load()) return goneStatus();
     if (!endpoint->isConnected()) return GENIE_ERROR(kPeerUnreachable, "genie-node {}: {}", peer, endpoint->error().message());
     return Status::ok();
   }
@@ -242,6 +263,7 @@ struct Client::Impl {
   Result<Reply> call(const std::function<Result<flatbuffers::DetachedBuffer>(uint64_t)>& build,
                      std::span<const std::byte> payload = {}, bool while_alive = true) {
     if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
+    if (node_left.load()) return goneStatus();
     const uint64_t id = next_request++;
     auto built = build(id);
     if (!built) return built.status();
@@ -277,6 +299,7 @@ struct Client::Impl {
     if (!waiting->done) {
       std::lock_guard<std::mutex> guard(pending_mutex);
       pending.erase(id);
+      if (node_left.load()) return goneStatus();
       if (!endpoint->isConnected()) {
         Status error = endpoint->error();
         return Status(StatusCode::kPeerUnreachable, fmt::format("genie-node {}: {}", peer, error.message()), __FILE__,

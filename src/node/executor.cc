@@ -475,7 +475,8 @@ int64_t slotInt(const ScalarSlotValue& value) {
 }  // namespace
 
 ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
-                                                  std::span<const ScalarSlotValue> scalars) const {
+                                                  std::span<const ScalarSlotValue> scalars,
+                                                  const std::optional<std::string>* out_of_memory) const {
   if (inputs.size() != graph.numInputs()) {
     return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
                           fmt::format("the graph takes {} tensor inputs, {} given", graph.numInputs(), inputs.size())};
@@ -539,8 +540,13 @@ ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, st
       return fail(wire::ErrorCode::OutOfMemory, e.what_without_backtrace());
     } catch (const c10::Error& e) {
       return fail(wire::ErrorCode::TorchError, e.what_without_backtrace());
+    } catch (const std::bad_alloc& e) {
+      return fail(wire::ErrorCode::OutOfMemory, fmt::format("the host could not allocate memory ({})", e.what()));
     } catch (const std::exception& e) {
       return fail(wire::ErrorCode::TorchError, e.what());
+    }
+    if (out_of_memory != nullptr && out_of_memory->has_value()) {
+      return fail(wire::ErrorCode::OutOfMemory, **out_of_memory);
     }
     if (stack.size() == 1 && stack[0].isTensor() && node.num_outputs == 1) {  // the common case
       values[node.first_output_value] = std::move(stack[0]).toTensor();

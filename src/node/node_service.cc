@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <sys/random.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -20,6 +22,7 @@
 #include "genie/transport/message.h"
 #include "genie/transport/worker.h"
 #include "genie/wire/codec.h"
+#include "memory_account.h"
 
 namespace genie::node {
 
@@ -65,38 +68,18 @@ struct RequestError {
   std::string op_name;
 };
 
-/// Node-wide byte accounting of resident tensors, by residency class, against the limit.
-class MemoryAccount {
- public:
-  explicit MemoryAccount(uint64_t limit) : limit_(limit) {}
-  std::optional<RequestError> reserve(uint64_t bytes, wire::Residency residency) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (limit_ != 0 && used_ + bytes > limit_) {
-      return RequestError{ErrorCode::OutOfMemory,
-                          fmt::format("out of memory: {} bytes requested, {} of the node's {} bytes in use",
-                                      bytes, used_, limit_)};
-    }
-    used_ += bytes;
-    by_class_[static_cast<int>(residency)] += bytes;
-    return std::nullopt;
-  }
-  void release(uint64_t bytes, wire::Residency residency) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    used_ -= bytes;
-    by_class_[static_cast<int>(residency)] -= bytes;
-  }
-  void snapshot(uint64_t (&by_class)[4]) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int i = 0; i < 4; ++i) by_class[i] = by_class_[i];
-  }
-  uint64_t limit() const { return limit_; }
+/// Failed Hellos (wrong token) a connection may send before it is closed.
+constexpr int kMaxFailedHellos = 3;
 
- private:
-  mutable std::mutex mutex_;
-  uint64_t limit_;
-  uint64_t used_ = 0;
-  uint64_t by_class_[4] = {};
-};
+/// A digest of an auth token, so that tokens of any length compare in constant time.
+using TokenDigest = std::array<unsigned char, crypto_generichash_BYTES>;
+
+TokenDigest digestOf(std::string_view token) {
+  TokenDigest digest{};
+  crypto_generichash(digest.data(), digest.size(), reinterpret_cast<const unsigned char*>(token.data()), token.size(),
+                     nullptr, 0);
+  return digest;
+}
 
 /// Allocates an empty tensor laid out as `desc` on `device` (its whole storage span).
 at::Tensor allocate(const wire::TensorDesc& desc, c10::Device device) {
@@ -147,23 +130,43 @@ struct NodeService::Impl {
   Executor executor{c10::Device(c10::kCPU)};
   std::shared_ptr<transport::Worker> worker;
   std::unique_ptr<transport::Listener> listener;
-  MemoryAccount memory{0};
+  NodeMemory memory;
+  TokenDigest token_digest{};  // of config.auth_token (when set)
   Clock::time_point started = Clock::now();
 
   mutable std::mutex graphs_mutex;
   std::unordered_map<wire::GraphId, std::shared_ptr<const CompiledGraph>, wire::GraphIdHash, wire::GraphIdEqual> graphs;
 
-  // Progress thread only (and stop()): open connections, and the sessions said Hello on them.
-  std::unordered_map<const Endpoint*, std::shared_ptr<Endpoint>> connections;
+  // Progress thread only (and stop()): open connections (with their failed Hellos), and the
+  // sessions said Hello on them.
+  struct Connection {
+    std::shared_ptr<Endpoint> endpoint;
+    int failed_hellos = 0;
+  };
+  std::unordered_map<const Endpoint*, Connection> connections;
   std::unordered_map<const Endpoint*, std::shared_ptr<Session>> sessions;
-  // Sessions being ended (their threads free memory off the progress thread); joined by stop().
+  // Sessions being ended: one thread (the reaper) stops them in turn, off the progress thread
+  // (stopping joins the session's thread, which frees its memory, after its current request).
   std::mutex ending_mutex;
-  std::vector<std::thread> ending;
+  std::condition_variable ending_cv;
+  std::deque<std::shared_ptr<Session>> ending;
+  bool reaper_stop = false;
+  std::thread reaper;
   std::atomic<uint32_t> session_count{0};
+  /// A session's effective memory limit in bytes: the smaller nonzero of its quota and the
+  /// node's limit; 0: none.
+  uint64_t sessionMemoryLimit() const {
+    const uint64_t quota = config.session_memory_limit, node_limit = config.memory_limit;
+    if (quota == 0 || node_limit == 0) return std::max(quota, node_limit);
+    return std::min(quota, node_limit);
+  }
   std::atomic<uint64_t> ops_executed{0};
   bool stopped = false;
 
   Impl(const NodeConfig& c, c10::Device d) : config(c), device(d), executor(d), memory(c.memory_limit) {}
+
+  /// The reaper thread: ends the sessions handed to it, one at a time, until stop().
+  void reapEndedSessions();
 
   void onMessage(InboundMessage message);
   void onEndpointError(const std::shared_ptr<Endpoint>& endpoint);
@@ -226,7 +229,10 @@ struct Session {
   void getTensors(uint64_t id, const wire::GetTensors& get);
   void registerGraph(uint64_t id, const wire::RegisterGraph& reg);
   void runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run);
-  std::optional<RequestError> store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency);
+  /// Makes `tensor` resident under `handle`, reserving its storage's bytes unless another
+  /// handle holds the storage already, or `reserved` (the caller reserved them).
+  std::optional<RequestError> store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
+                                    bool reserved = false);
   bool release(const wire::Handle& handle);
   Status receive(InboundMessage& message, void* destination, size_t bytes);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
@@ -253,6 +259,7 @@ struct Session {
   NodeService::Impl& node;
   std::shared_ptr<Endpoint> endpoint;
   wire::Handle id;
+  SessionMemory memory{node.config.session_memory_limit};  // guarded by node.memory
   std::thread thread;
   std::mutex mutex;
   std::condition_variable cv;
@@ -266,6 +273,7 @@ struct Session {
 
 void Session::run() {
   pthread_setname_np(pthread_self(), "genie-session");  // else it inherits its creator's name
+  reportMemoryOfThisThread();
   for (;;) {
     std::optional<InboundMessage> message;
     if (queued.load(std::memory_order_acquire) == 0 && !stopping.load(std::memory_order_acquire)) {
@@ -298,7 +306,8 @@ void Session::run() {
   GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id), endpoint->peer());
 }
 
-std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency) {
+std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
+                                           bool reserved) {
   if (tensors.count(handle)) {
     return RequestError{ErrorCode::DuplicateHandle, fmt::format("handle {} is already in use", wire::toString(handle))};
   }
@@ -307,9 +316,11 @@ std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tenso
   if (use.refs == 0) {
     use.bytes = tensor.storage().nbytes();
     use.residency = residency;
-    if (auto error = node.memory.reserve(use.bytes, residency)) {
-      storages.erase(storage);
-      return error;
+    if (!reserved) {
+      if (auto error = node.memory.reserve(memory, use.bytes, residency)) {
+        storages.erase(storage);
+        return RequestError{ErrorCode::OutOfMemory, std::move(*error)};
+      }
     }
   }
   ++use.refs;
@@ -323,7 +334,7 @@ bool Session::release(const wire::Handle& handle) {
   const c10::StorageImpl* storage = it->second.tensor.storage().unsafeGetStorageImpl();
   auto use = storages.find(storage);
   if (use != storages.end() && --use->second.refs == 0) {
-    node.memory.release(use->second.bytes, use->second.residency);
+    node.memory.release(memory, use->second.bytes, use->second.residency);
     storages.erase(use);
   }
   tensors.erase(it);
@@ -372,25 +383,46 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
 
 std::optional<RequestError> Session::putTensors(InboundMessage& message, const wire::PutTensors& put) {
   const auto* slots = put.tensors();
-  std::vector<at::Tensor> made;
-  for (uint32_t i = 0; i < slots->size(); ++i) {
-    const wire::TensorSlot* slot = slots->Get(i);
-    if (tensors.count(*slot->handle())) {
-      message.releasePayload();
-      return RequestError{ErrorCode::DuplicateHandle,
-                          fmt::format("PutTensors.tensors[{}]: handle {} is already in use", i, wire::toString(*slot->handle()))};
+  // Each tensor's bytes are reserved before its payload is received: an upload over the
+  // session's quota or the node's limit is refused without pulling its bytes (rendezvous).
+  uint32_t reserved = 0;
+  auto unreserve = [&] {
+    for (uint32_t i = 0; i < reserved; ++i) {
+      node.memory.release(memory, slots->Get(i)->desc()->nbytes(), slots->Get(i)->residency());
     }
-    made.push_back(allocate(*slot->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
+  };
+  auto refuse = [&](RequestError error) {
+    unreserve();
+    message.releasePayload();
+    return error;
+  };
+  for (; reserved < slots->size(); ++reserved) {
+    const wire::TensorSlot* slot = slots->Get(reserved);
+    if (tensors.count(*slot->handle())) {
+      return refuse({ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
+                                                             reserved, wire::toString(*slot->handle()))});
+    }
+    if (auto error = node.memory.reserve(memory, slot->desc()->nbytes(), slot->residency())) {
+      return refuse({ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)});
+    }
+  }
+  std::vector<at::Tensor> made;
+  try {
+    for (uint32_t i = 0; i < slots->size(); ++i) {
+      made.push_back(allocate(*slots->Get(i)->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
+    }
+  } catch (const std::exception& e) {
+    return refuse({ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", made.size(), e.what())});
   }
   // Payload: straight into the storage when it is one tensor, else one staging copy.
   if (message.payloadSize() > 0) {
     if (slots->size() == 1 && slots->Get(0)->payload_offset() == 0 && made[0].storage().nbytes() == message.payloadSize()) {
       Status received = receive(message, storageBytes(made[0]), message.payloadSize());
-      if (!received) return RequestError{ErrorCode::PeerUnreachable, received.message()};
+      if (!received) return refuse({ErrorCode::PeerUnreachable, received.message()});
     } else {
       std::vector<std::byte> staging(message.payloadSize());
       Status received = receive(message, staging.data(), staging.size());
-      if (!received) return RequestError{ErrorCode::PeerUnreachable, received.message()};
+      if (!received) return refuse({ErrorCode::PeerUnreachable, received.message()});
       for (uint32_t i = 0; i < slots->size(); ++i) {
         const auto* slot = slots->Get(i);
         std::memcpy(storageBytes(made[i]), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
@@ -400,9 +432,13 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
   for (uint32_t i = 0; i < slots->size(); ++i) {
     const auto* slot = slots->Get(i);
     made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
-    if (auto error = store(*slot->handle(), made[i], slot->residency())) {
+    // Reserved above, each a new storage. A handle named twice in this message fails here.
+    if (auto error = store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true)) {
+      for (uint32_t j = i; j < slots->size(); ++j) {
+        node.memory.release(memory, slots->Get(j)->desc()->nbytes(), slots->Get(j)->residency());
+      }
       for (uint32_t j = 0; j < i; ++j) release(*slots->Get(j)->handle());
-      return error;
+      return RequestError{error->code, fmt::format("PutTensors.tensors[{}]: {}", i, error->message)};
     }
   }
   return std::nullopt;
@@ -519,7 +555,12 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
     if (s->value_type() == wire::Value::BoolValue) scalars[s->slot()] = s->value_as_BoolValue()->v();
   }
   auto start = Clock::now();
-  auto result = node.executor.run(*graph, inputs, scalars);
+  ExecResult<std::vector<at::Tensor>> result;
+  {
+    // The run's allocations count against the session's quota and the node's limit.
+    RunMemoryScope run_memory(node.memory, memory);
+    result = node.executor.run(*graph, inputs, scalars, &run_memory.over());
+  }
   if (auto* error = std::get_if<ExecutionError>(&result)) {
     return node.replyError(*endpoint, id, {error->code, error->message, error->op_index, error->op_name});
   }
@@ -681,13 +722,23 @@ void NodeService::Impl::onMessage(InboundMessage message) {
                                       fmt::format("protocol version {} is not supported; this node speaks {}",
                                                   hello->protocol_version(), wire::kProtocolVersion)});
       }
-      if (!config.auth_token.empty() && wire::stringOf(hello->auth_token()) != config.auth_token) {
-        GENIE_LOG_WARN("refused a session from {}: wrong auth token", from->peer());
-        return replyError(*from, id, {ErrorCode::Unauthenticated, "wrong auth token"});
+      if (!config.auth_token.empty()) {
+        // Constant time: both tokens are hashed, then compared with libsodium's sodium_memcmp.
+        const TokenDigest presented = digestOf(wire::stringOf(hello->auth_token()));
+        if (sodium_memcmp(presented.data(), token_digest.data(), presented.size()) != 0) {
+          auto connection = connections.find(from.get());
+          const int failed = connection == connections.end() ? kMaxFailedHellos : ++connection->second.failed_hellos;
+          GENIE_LOG_WARN("refused a session from {}: wrong auth token ({} of {} tries)", from->peer(), failed,
+                         kMaxFailedHellos);
+          replyError(*from, id, {ErrorCode::Unauthenticated, "wrong auth token"});
+          if (failed >= kMaxFailedHellos) from->close();  // flushes the reply first
+          return;
+        }
       }
       if (session != sessions.end()) {
         return replyError(*from, id, {ErrorCode::InvalidMessage, "this connection already has a session"});
       }
+      from->admitFromProgressThread();
       wire::Handle session_id = randomHandle();
       sessions.emplace(from.get(), std::make_shared<Session>(*this, from, session_id));
       ++session_count;
@@ -697,23 +748,18 @@ void NodeService::Impl::onMessage(InboundMessage message) {
       welcome.session_id = session_id;
       welcome.node_name = config.name;
       welcome.device = config.device;
-      welcome.memory_limit = config.memory_limit;
+      welcome.memory_limit = sessionMemoryLimit();
       welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
       return reply(*from, wire::buildWelcome(id, welcome));
     }
-    case wire::Body::Ping: {
+    case wire::Body::Ping:
+      if (session == sessions.end()) break;  // before a session, only Hello is answered
       message.releasePayload();
       return reply(*from, wire::buildPong(id, msg->body_as_Ping()->timestamp_ns()));
-    }
-    case wire::Body::StatsRequest:
-      // In a session, Stats is ordered after the session's earlier requests (a one-way
-      // FreeTensors before it is counted); without one (genie-node --stats), answered now.
-      if (session != sessions.end()) break;
-      return reply(*from, wire::buildStats(id, collectStats()));
     case wire::Body::Goodbye:
       return endSession(from.get());
     default:
-      break;
+      break;  // StatsRequest too: ordered after the session's earlier requests
   }
   if (session == sessions.end()) {
     message.releasePayload();
@@ -732,10 +778,24 @@ void NodeService::Impl::endSession(const Endpoint* endpoint) {
   sessions.erase(session);
   --session_count;
   std::lock_guard<std::mutex> lock(ending_mutex);
-  ending.emplace_back([closing = std::move(closing)]() mutable {
-    closing->stop();
+  ending.push_back(std::move(closing));
+  ending_cv.notify_one();
+}
+
+void NodeService::Impl::reapEndedSessions() {
+  pthread_setname_np(pthread_self(), "genie-reaper");
+  reportMemoryOfThisThread();
+  std::unique_lock<std::mutex> lock(ending_mutex);
+  for (;;) {
+    ending_cv.wait(lock, [&] { return reaper_stop || !ending.empty(); });
+    if (ending.empty()) return;  // stopping, nothing left
+    std::shared_ptr<Session> closing = std::move(ending.front());
+    ending.pop_front();
+    lock.unlock();
+    closing->stop();  // joins its thread, which freed every tensor of the session
     closing.reset();
-  });
+    lock.lock();
+  }
 }
 
 void NodeService::Impl::onEndpointError(const std::shared_ptr<Endpoint>& endpoint) {
@@ -757,7 +817,9 @@ Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config
   if (device.is_cuda() && !at::hasCUDA()) {
     return GENIE_ERROR(kInvalidArgument, "--device {}: this machine has no CUDA device", config.device);
   }
+  if (sodium_init() < 0) return GENIE_ERROR(kInternal, "libsodium could not be initialized");
   auto impl = std::make_unique<Impl>(config, device);
+  if (!config.auth_token.empty()) impl->token_digest = digestOf(config.auth_token);
   transport::WorkerConfig transport = config.transport;
   transport.name = config.name;
   auto worker = transport::Worker::create(transport);
@@ -767,12 +829,16 @@ Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config
   impl->worker->setMessageHandler([raw](InboundMessage m) { raw->onMessage(std::move(m)); });
   impl->worker->setEndpointErrorHandler([raw](std::shared_ptr<Endpoint> e, Status) { raw->onEndpointError(e); });
   GENIE_RETURN_IF_ERROR(impl->worker->startProgressThread());
+  impl->worker->post(reportMemoryOfThisThread);  // it frees replies' tensors
   auto listener = impl->worker->listen(config.host, config.port, [raw](std::shared_ptr<Endpoint> endpoint) {
+    // Until its Hello succeeds: small messages only, and a deadline (docs/security.md).
+    endpoint->requireAdmissionFromProgressThread(raw->config.pre_session_max_bytes, raw->config.hello_timeout);
     const Endpoint* key = endpoint.get();
-    raw->connections.emplace(key, std::move(endpoint));  // open until the peer goes
+    raw->connections.emplace(key, Impl::Connection{std::move(endpoint), 0});  // open until the peer goes
   });
   if (!listener) return listener.status();
   impl->listener = std::move(listener.value());
+  impl->reaper = std::thread([raw] { raw->reapEndedSessions(); });
   if (config.auth_token.empty()) GENIE_LOG_WARN("no auth token configured: any client is accepted");
   return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
 }
@@ -801,9 +867,10 @@ void NodeService::stop() {
   sessions.clear();
   {
     std::lock_guard<std::mutex> lock(impl_->ending_mutex);
-    for (auto& thread : impl_->ending) thread.join();
-    impl_->ending.clear();
+    impl_->reaper_stop = true;
+    impl_->ending_cv.notify_one();
   }
+  impl_->reaper.join();  // after every session handed to it has ended
   impl_->session_count = 0;
   impl_->listener.reset();
   impl_->worker->shutdown();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <thread>
 
@@ -100,13 +101,26 @@ void retainHostMemory() {
 
 int main(int argc, char** argv) {
   CLI::App app{"genie-node: executes Genie subgraphs on this machine's device, keeping tensors resident"};
-  std::string listen = "127.0.0.1:7070", device = "cpu", memory_limit = "0", token_file, log_level = "info", stats;
+  std::string listen = "127.0.0.1:7070", device = "cpu", memory_limit = "0", session_memory_limit = "0", token_file,
+              log_level = "info", stats;
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
       ->envname("GENIE_NODE_LISTEN")
       ->capture_default_str();
   app.add_option("--device", device, "cpu or cuda:N")->envname("GENIE_NODE_DEVICE")->capture_default_str();
-  app.add_option("--memory-limit", memory_limit, "bytes of resident tensors over all sessions (K/M/G/T suffix; 0: none)")
+  constexpr const char* kSizeHelp = "; a size: 64M = 64MiB = 2^26 bytes, 64MB = 64*10^6 (K, G, T alike); 0: none";
+  app.add_option("--memory-limit", memory_limit,
+                 std::string("bytes of every session's resident tensors plus running graphs' transient memory") + kSizeHelp)
       ->envname("GENIE_NODE_MEMORY_LIMIT")
+      ->capture_default_str();
+  app.add_option("--session-memory-limit", session_memory_limit,
+                 std::string("the same for one session (its quota; the node's limit still wins)") + kSizeHelp)
+      ->envname("GENIE_NODE_SESSION_MEMORY_LIMIT")
+      ->capture_default_str();
+  int hello_timeout_ms = 5000;
+  app.add_option("--hello-timeout-ms", hello_timeout_ms,
+                 "a connection that has not said a successful Hello after this long is closed (ms)")
+      ->envname("GENIE_NODE_HELLO_TIMEOUT_MS")
+      ->check(CLI::Range(1, 3600 * 1000))
       ->capture_default_str();
   app.add_option("--auth-token-file", token_file, "file whose content clients must present in Hello")
       ->envname("GENIE_NODE_AUTH_TOKEN_FILE");
@@ -164,6 +178,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "genie-node: --memory-limit: %s\n", limit.status().message().c_str());
     return 2;
   }
+  auto session_limit = genie::parseByteSize(session_memory_limit);
+  if (!session_limit) {
+    std::fprintf(stderr, "genie-node: --session-memory-limit: %s\n", session_limit.status().message().c_str());
+    return 2;
+  }
   auto transport = genie::transport::WorkerConfig::fromEnvironment();
   if (!transport) {
     std::fprintf(stderr, "genie-node: %s\n", transport.status().message().c_str());
@@ -175,6 +194,8 @@ int main(int argc, char** argv) {
   }
   config.transport = *transport;
   config.memory_limit = *limit;
+  config.session_memory_limit = *session_limit;
+  config.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
   config.device = device;
   config.auth_token = token;
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "genie/units.h"
+
 namespace genie::transport {
 
 const std::vector<ConfigEntry>& configTable() {
@@ -14,8 +16,8 @@ const std::vector<ConfigEntry>& configTable() {
        "UCX transports, UCX_TLS syntax (tcp, sm, rc, ...); 'sm' gets tcp added for connection setup"},
       {"GENIE_UCX_NET_DEVICES", "(UCX_NET_DEVICES, else all)", "string",
        "UCX network devices, UCX_NET_DEVICES syntax (lo, eth0, mlx5_0:1)"},
-      {"GENIE_PEER_TIMEOUT_MS", "1000", "duration ms",
-       "a dead peer fails pending requests within this bound (UCX keepalive)"},
+      {"GENIE_PEER_TIMEOUT_MS", "2000", "duration ms",
+       "a connection silent this long (no message, no heartbeat) fails with its pending requests; 0: off"},
       {"GENIE_CLOSE_TIMEOUT_MS", "1000", "duration ms", "graceful close flush bound, then force"},
       {"GENIE_CONNECT_TIMEOUT_MS", "5000", "duration ms", "connection establishment bound"},
       {"GENIE_BUSY_POLL_US", "100", "duration us",
@@ -47,18 +49,20 @@ Result<WorkerConfig> WorkerConfig::fromEnvironment() {
   struct Number {
     const char* env;
     std::function<void(uint64_t)> set;
+    bool size = false;  // a byte count (parseByteSize: 64K, 64MiB, 64MB), else a plain integer
   };
   const Number numbers[] = {
       {"GENIE_PEER_TIMEOUT_MS", [&](uint64_t v) { config.peer_timeout = std::chrono::milliseconds(v); }},
       {"GENIE_CLOSE_TIMEOUT_MS", [&](uint64_t v) { config.close_timeout = std::chrono::milliseconds(v); }},
       {"GENIE_CONNECT_TIMEOUT_MS", [&](uint64_t v) { config.connect_timeout = std::chrono::milliseconds(v); }},
       {"GENIE_BUSY_POLL_US", [&](uint64_t v) { config.busy_poll = std::chrono::microseconds(v); }},
-      {"GENIE_RNDV_THRESHOLD", [&](uint64_t v) { config.rndv_threshold = v; }},
+      {"GENIE_RNDV_THRESHOLD", [&](uint64_t v) { config.rndv_threshold = v; }, true},
   };
   for (const auto& number : numbers) {
     const char* text = std::getenv(number.env);
     if (text == nullptr) continue;
-    auto value = parseUnsigned(number.env, text);
+    auto value = number.size ? parseByteSize(text) : parseUnsigned(number.env, text);
+    if (!value && number.size) return GENIE_ERROR(kInvalidArgument, "{}: {}", number.env, value.status().message());
     if (!value) return value.status();
     number.set(*value);
   }

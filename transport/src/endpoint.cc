@@ -237,10 +237,12 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
   // overtake them.
   if (header_fits && payload.memory == MemoryType::kHost && payload.size <= kSendNowMaxBytes &&
       !worker_->hasDeferredFromProgressThread() && trySendNow(state_->ep, header, payload)) {
+    ++state_->messages_out;
     worker_->countSent(header.size() + payload.size);
     if (done) done(Status::ok());
     return;
   }
+  ++state_->messages_out;
   Operation* op = newOperation(std::move(done), "send to", state_);
   if (payload.memory == MemoryType::kCuda && !worker_->info().cuda_memory) {
     // This UCX cannot read GPU memory: one counted copy into host memory first.
@@ -338,6 +340,16 @@ Result<std::shared_ptr<RemoteKey>> Endpoint::unpackRkey(std::span<const std::byt
     return GENIE_ERROR(kTimeout, "rkey unpack for {}: the progress thread did not answer", state_->peer);
   }
   return result;
+}
+
+void Endpoint::requireAdmissionFromProgressThread(size_t max_message_bytes, std::chrono::milliseconds within) {
+  state_->max_inbound_bytes = max_message_bytes;
+  state_->admission_deadline = EndpointState::Clock::now() + within;
+}
+
+void Endpoint::admitFromProgressThread() {
+  state_->max_inbound_bytes = SIZE_MAX;
+  state_->admission_deadline = {};
 }
 
 void Endpoint::close() {

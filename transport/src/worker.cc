@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
 
+#include "connection_guard.h"
 #include "genie/transport/endpoint.h"
 #include "genie/transport/message.h"
 #include "genie/transport/registration_cache.h"
@@ -22,6 +23,10 @@
 namespace genie::transport {
 
 namespace {
+
+/// progress() reads the clock for the liveness tick once per this many polls (a poll is
+/// 0.1-1 µs when idle, so the tick is late by well under a millisecond).
+constexpr unsigned kPollsPerClockRead = 1024;
 
 /// UCX_TLS as Genie uses it: shared memory alone cannot establish a client-server
 /// connection (the sockaddr connection manager needs tcp), so "sm" gets tcp added.
@@ -82,11 +87,15 @@ struct AmDispatch {
   static ucs_status_t onMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     auto* worker = static_cast<Worker*>(arg);
-    std::shared_ptr<Endpoint> endpoint;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) endpoint = worker->endpointFor(param->reply_ep);
+    EndpointState* state = heardFrom(*worker, param);
+    std::shared_ptr<Endpoint> endpoint = state ? state->owner.lock() : nullptr;
     if (!endpoint) {
       SPDLOG_WARN("dropping a message from an endpoint that is closed or unknown");
       return UCS_OK;
+    }
+    if (header_length + length > state->max_inbound_bytes) {
+      worker->refuseOversizeFromProgressThread(state, header_length + length);
+      return UCS_OK;  // a rendezvous payload is then never pulled
     }
     worker->countReceived(header_length + length);
     if (!worker->message_handler_) return UCS_OK;
@@ -102,10 +111,14 @@ struct AmDispatch {
                                     void* data, size_t length, const ucp_am_recv_param_t* param) {
     auto* worker = static_cast<Worker*>(arg);
     uint64_t flatbuffer_length = 0;
-    std::shared_ptr<Endpoint> endpoint;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) endpoint = worker->endpointFor(param->reply_ep);
+    EndpointState* state = heardFrom(*worker, param);
+    std::shared_ptr<Endpoint> endpoint = state ? state->owner.lock() : nullptr;
     if (header_length != sizeof(flatbuffer_length) || !endpoint) {
       SPDLOG_WARN("dropping a malformed large-header message");
+      return UCS_OK;
+    }
+    if (header_length + length > state->max_inbound_bytes) {
+      worker->refuseOversizeFromProgressThread(state, header_length + length);
       return UCS_OK;
     }
     std::memcpy(&flatbuffer_length, header, sizeof(flatbuffer_length));
@@ -121,13 +134,24 @@ struct AmDispatch {
       message.adoptEagerCopy(std::vector<std::byte>(bytes.begin() + flatbuffer_length, bytes.end()));
       worker->message_handler_(std::move(message));
     };
+    // The whole message is copied into (or received by rendezvous into) a host buffer: a
+    // length this process cannot allocate fails the connection, not the process.
+    std::vector<std::byte> bytes;
+    try {
+      bytes.resize(length);
+    } catch (const std::bad_alloc&) {
+      worker->onEndpointErrorFromProgressThread(
+          state, GENIE_ERROR(kOutOfMemory, "{} sent a {}-byte message with a large header, more than this process "
+                                           "can allocate: connection closed", state->peer, length));
+      return UCS_OK;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-      auto* begin = static_cast<const std::byte*>(data);
-      deliver(std::vector<std::byte>(begin, begin + length));
+      if (length) std::memcpy(bytes.data(), data, length);
+      deliver(std::move(bytes));
       return UCS_OK;  // copied: UCX may release its descriptor
     }
-    // Rendezvous: pull the whole message into a host buffer, then deliver it.
-    auto* pending = new LargeHeaderReceive{std::vector<std::byte>(length), deliver};
+    // Rendezvous: pull the whole message into the host buffer, then deliver it.
+    auto* pending = new LargeHeaderReceive{std::move(bytes), deliver};
     ucp_request_param_t request{};
     request.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     request.cb.recv_am = [](void* req, ucs_status_t status, size_t, void* user_data) {
@@ -146,6 +170,21 @@ struct AmDispatch {
                   ucs_status_string(UCS_PTR_STATUS(sp)));
     }
     return UCS_INPROGRESS;
+  }
+
+  /// kAmHeartbeat: counted, nothing else.
+  static ucs_status_t onHeartbeat(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+    heardFrom(*static_cast<Worker*>(arg), param);
+    return UCS_OK;
+  }
+
+  /// The state of the endpoint a message came on (null if closed or unknown), with the message
+  /// counted for its liveness.
+  static EndpointState* heardFrom(Worker& worker, const ucp_am_recv_param_t* param) {
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+    EndpointState* state = worker.stateFor(param->reply_ep);
+    if (state != nullptr) ++state->messages_in;
+    return state;
   }
 
   struct LargeHeaderReceive {
@@ -173,7 +212,7 @@ struct AmDispatch {
 
 // ---- Worker lifecycle -----------------------------------------------------------------
 
-Worker::Worker(const WorkerConfig& config) : config_(config) {}
+Worker::Worker(const WorkerConfig& config) : config_(config), guard_(std::make_unique<ConnectionGuard>()) {}
 
 Result<std::shared_ptr<Worker>> Worker::create(const WorkerConfig& config) {
   std::shared_ptr<Worker> worker(new Worker(config));
@@ -204,9 +243,10 @@ Status Worker::init() {
   Status status;
   if (!tls.empty()) status = modify("TLS", tls);
   if (status && !config_.net_devices.empty()) status = modify("NET_DEVICES", config_.net_devices);
-  // Keepalive bounds how long a dead peer can go unnoticed (the shared-memory transports
-  // have no connection to break); a quarter of the bound leaves room for the check itself.
-  auto keepalive = std::max<int64_t>(config_.peer_timeout.count() / 4, 10);
+  // UCX's keepalive sees a dead peer process or a reset link (the shared-memory transports have
+  // no connection to break); a quarter of the bound leaves room for the check itself. A stopped
+  // peer or a silently cut link is left to the heartbeats (tickFromProgressThread).
+  auto keepalive = config_.peer_timeout.count() == 0 ? int64_t{250} : std::max<int64_t>(config_.peer_timeout.count() / 4, 10);
   if (status) status = modify("KEEPALIVE_INTERVAL", fmt::format("{}ms", keepalive));
   if (status && config_.rndv_threshold) status = modify("RNDV_THRESH", std::to_string(config_.rndv_threshold));
   if (!status) {
@@ -269,6 +309,11 @@ Status Worker::init() {
   };
   GENIE_RETURN_IF_ERROR(set_handler(kAmMessage, &AmDispatch::onMessage));
   GENIE_RETURN_IF_ERROR(set_handler(kAmLargeHeader, &AmDispatch::onLargeHeader));
+  GENIE_RETURN_IF_ERROR(set_handler(kAmHeartbeat, &AmDispatch::onHeartbeat));
+  if (config_.peer_timeout.count() > 0) {
+    tick_interval_ = std::max(config_.peer_timeout / 8, std::chrono::milliseconds(10));
+  }
+  next_tick_ = std::chrono::steady_clock::now() + tick_interval_;
 
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -356,6 +401,7 @@ unsigned Worker::progress() {
   // Called in a busy loop: the checks for empty queues stay inline (a few instructions).
   unsigned events = 0;
   if (tasks_pending_.load(std::memory_order_acquire) != 0) events += runPostedTasks();
+  if (++polls_since_clock_ >= kPollsPerClockRead) tickIfDueFromProgressThread();
   events += ucp_worker_progress(worker_);
   if (!deferred_.empty()) events += runDeferred();
   if (!pending_closes_.empty()) events += progressCloses();
@@ -538,9 +584,11 @@ void Worker::progressThreadMain() {
       driver_.store(std::thread::id(), std::memory_order_relaxed);
       held.unlock();  // a caller may drive the worker while this thread sleeps
       epoll_event events[2];
-      epoll_wait(epoll_fd_, events, 2, /*timeout ms=*/100);
+      // Wakes for the liveness tick at the latest (heartbeats go out while idle too).
+      epoll_wait(epoll_fd_, events, 2, static_cast<int>(std::min<int64_t>(tick_interval_.count(), 100)));
       retakeFromCaller(held);
     }
+    tickIfDueFromProgressThread();
     sleeping_.store(false, std::memory_order_seq_cst);
     uint64_t drained;
     while (::read(wake_fd_, &drained, sizeof(drained)) > 0) {
@@ -551,7 +599,7 @@ void Worker::progressThreadMain() {
 
 // ---- endpoints ------------------------------------------------------------------------
 
-std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
+EndpointState* Worker::stateFor(ucp_ep_h ep) {
   // Messages mostly come from the peer of the previous one: skip the hash lookup then.
   if (ep != last_ep_ || last_state_ == nullptr) {
     auto it = endpoints_.find(ep);
@@ -559,7 +607,78 @@ std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
     last_ep_ = ep;
     last_state_ = it->second.get();
   }
-  return last_state_->owner.lock();
+  return last_state_;
+}
+
+std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
+  EndpointState* state = stateFor(ep);
+  return state ? state->owner.lock() : nullptr;
+}
+
+void Worker::tickIfDueFromProgressThread() {
+  polls_since_clock_ = 0;
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= next_tick_) tickFromProgressThread(now);
+}
+
+void Worker::tickFromProgressThread(std::chrono::steady_clock::time_point now) {
+  next_tick_ = now + tick_interval_;
+  const bool liveness = config_.peer_timeout.count() > 0;
+  // Failures are reported after the walk: the error handler may close endpoints (erasing them).
+  std::vector<std::pair<std::shared_ptr<EndpointState>, Status>> failed;
+  for (auto& [ep, state] : endpoints_) {
+    if (state->failed.load(std::memory_order_relaxed) || state->closed.load(std::memory_order_relaxed)) continue;
+    if (state->admission_deadline != EndpointState::Clock::time_point{} && now >= state->admission_deadline) {
+      failed.emplace_back(state, GENIE_ERROR(kTimeout, "{} was not admitted in time (no session): connection closed",
+                                             state->peer));
+      continue;
+    }
+    if (!liveness) continue;
+    if (state->messages_in != state->seen_in) {
+      state->seen_in = state->messages_in;
+      state->last_heard = now;
+    } else if (now - state->last_heard >= config_.peer_timeout) {
+      failed.emplace_back(state, GENIE_ERROR(kPeerUnreachable, "nothing heard from {} in {} ms (the peer stopped, hung "
+                                                               "or the link is cut)", state->peer,
+                                             std::chrono::duration_cast<std::chrono::milliseconds>(now - state->last_heard).count()));
+      continue;
+    }
+    if (state->messages_out == state->seen_out) {
+      // Nothing sent since the last tick: a heartbeat, so the peer hears from us. Its request
+      // (if UCX keeps one) is released by UCX when it completes.
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_AM_SEND_FLAG_REPLY;
+      ucs_status_ptr_t request = ucp_am_send_nbx(state->ep, kAmHeartbeat, nullptr, 0, nullptr, 0, &param);
+      if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+      ++state->messages_out;
+    }
+    state->seen_out = state->messages_out;
+  }
+  for (auto& [state, status] : failed) onEndpointErrorFromProgressThread(state.get(), std::move(status));
+  if (!guard_->empty() && now >= next_guard_scan_) {
+    next_guard_scan_ = now + std::chrono::milliseconds(250);
+    guard_->scan(now, config_.connect_timeout, [this](const std::string& peer) {
+      for (const auto& [ep, state] : endpoints_) {
+        if (state->accepted && state->peer == peer) return true;
+      }
+      return false;
+    });
+  }
+}
+
+void Worker::guardPortFromProgressThread(uint16_t port, bool guard) {
+  if (guard) {
+    guard_->addPort(port);
+  } else {
+    guard_->removePort(port);
+  }
+}
+
+void Worker::refuseOversizeFromProgressThread(EndpointState* state, size_t bytes) {
+  onEndpointErrorFromProgressThread(
+      state, GENIE_ERROR(kInvalidMessage, "{} sent a {}-byte message before it was admitted (at most {} bytes): "
+                                          "connection closed", state->peer, bytes, state->max_inbound_bytes));
 }
 
 void Worker::forgetEndpointFromProgressThread(ucp_ep_h ep) {
@@ -731,6 +850,7 @@ void Worker::acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler&
   if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = formatAddress(attr.client_address);
   auto state = std::make_shared<EndpointState>();
   state->peer = peer;
+  state->accepted = true;
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -776,6 +896,7 @@ Listener::~Listener() {
   ucp_listener_h listener = listener_;
   std::atomic<bool> done{false};  // release/acquire: what the task wrote is visible once set
   worker_->post([&] {
+    worker_->guardPortFromProgressThread(port_, false);
     ucp_listener_destroy(listener);
     done = true;
   });
@@ -802,6 +923,7 @@ Status Listener::startFromProgressThread(const std::string& host, uint16_t port)
   if (ucp_listener_query(listener_, &attr) == UCS_OK) {
     address_ = formatAddress(attr.sockaddr);
     port_ = static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
+    worker_->guardPortFromProgressThread(port_, true);
   }
   SPDLOG_INFO("listening on {}", address_);
   return Status::ok();

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -91,10 +92,13 @@ class Executor {
 
   /// Runs a compiled graph. `inputs` are the graph's tensor inputs in order; `scalars` fill the
   /// scalar slots. Returns every value of the graph (inputs first, then each node's outputs);
-  /// callers keep what they need. Errors: SchemaMismatch (wrong number of inputs or scalars),
-  /// TorchError (the op raised: shape mismatch, dtype, ...) naming the op, OutOfMemory.
+  /// callers keep what they need. `out_of_memory`, when given, is looked at after each op: once
+  /// it holds a message (a memory limit was crossed) the run stops with OutOfMemory naming that
+  /// op. Errors: SchemaMismatch (wrong number of inputs or scalars), TorchError (the op raised:
+  /// shape mismatch, dtype, ...) naming the op, OutOfMemory (the allocator's, or the limit's).
   ExecResult<std::vector<at::Tensor>> run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
-                                          std::span<const ScalarSlotValue> scalars) const;
+                                          std::span<const ScalarSlotValue> scalars,
+                                          const std::optional<std::string>* out_of_memory = nullptr) const;
 
   /// c10::ScalarType of a wire dtype, or nullopt for Undefined / unknown values.
   static std::optional<c10::ScalarType> scalarType(wire::DType dtype);

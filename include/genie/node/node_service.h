@@ -5,12 +5,19 @@
 // Threads (docs/thread_model.md): the transport's progress thread verifies every message and
 // answers Hello; every other request goes to its session's own thread, which runs the
 // session's requests in order (sessions run concurrently). Tensor payloads land straight in
-// the tensor's storage (one tensor per message) or through one counted staging copy.
+// the tensor's storage (one tensor per message) or through one counted staging copy. One more
+// thread (the reaper) ends sessions: their Goodbye, their peer's death or a cut link.
+//
+// Security (docs/security.md): before a session exists only a small Hello is taken, within a
+// deadline; the token is compared in constant time; each session has its own handles and
+// memory quota.
 //
 // This header has no torch types, so that programs embedding the service need not compile
 // torch headers.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,8 +32,18 @@ struct NodeConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 0;              // 0: any free port (NodeService::port tells which)
   std::string device = "cpu";     // "cpu" or "cuda:N"
-  uint64_t memory_limit = 0;      // bytes of resident tensors, all sessions; 0 = unlimited
+  /// Bytes of every session's resident tensors plus the transient memory of the runs executing
+  /// now (src/node/memory_account.h); 0 = unlimited.
+  uint64_t memory_limit = 0;
+  /// The same for one session (its quota); 0 = only the node's limit. The node's limit wins
+  /// when the quotas add up to more.
+  uint64_t session_memory_limit = 0;
   std::string auth_token;         // empty: any token is accepted (warned at start)
+  /// A connection must say a successful Hello within this long, or it is closed (ms).
+  std::chrono::milliseconds hello_timeout{5000};
+  /// Before its Hello succeeded, a connection's message (header + payload) may be at most this
+  /// large (bytes); a larger one closes it without its payload being received.
+  size_t pre_session_max_bytes = 4096;
   std::string name = "genie-node";
   transport::WorkerConfig transport;
 };

@@ -21,8 +21,12 @@ struct WorkerConfig {
   std::string tls;
   /// UCX network devices (UCX_NET_DEVICES syntax, e.g. "lo", "eth0,mlx5_0:1"). Empty: all.
   std::string net_devices;
-  /// A dead peer or a broken link fails every pending request within this bound (ms).
-  std::chrono::milliseconds peer_timeout{1000};
+  /// A connection on which nothing (no message, no heartbeat) arrived for this long fails, with
+  /// every pending request (ms): a dead, stopped or hung peer or a cut link is seen within
+  /// peer_timeout + peer_timeout / 8. Heartbeats go out every peer_timeout / 8 where nothing
+  /// else was sent; UCX's keepalive runs every peer_timeout / 4. 0: no heartbeats and no such
+  /// failure (UCX's keepalive only, every 250 ms).
+  std::chrono::milliseconds peer_timeout{2000};
   /// close(): how long a graceful flush may take before the endpoint is force-closed (ms).
   std::chrono::milliseconds close_timeout{1000};
   /// connect(): how long establishing a connection may take (ms).

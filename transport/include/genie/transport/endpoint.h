@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,11 +28,14 @@ class Worker;
 enum AmId : uint16_t {
   kAmMessage = 0,      // header = FlatBuffer, data = payload
   kAmLargeHeader = 1,  // header = uint64 header length, data = FlatBuffer then payload
+  kAmHeartbeat = 2,    // no header, no data: "still here" (Worker liveness)
 };
 
 /// Shared between an Endpoint and its Worker (progress thread), alive until the ucp endpoint
 /// is closed.
 struct EndpointState {
+  using Clock = std::chrono::steady_clock;
+
   ucp_ep_h ep = nullptr;
   std::string peer;                  // "127.0.0.1:13337"
   std::weak_ptr<class Endpoint> owner;
@@ -40,6 +45,20 @@ struct EndpointState {
   std::atomic<bool> close_done{false};  // ucp endpoint released
   bool close_started = false;           // ucp_ep_close_nbx called (progress thread only)
   std::string transports;            // "am: tcp/lo; rma: tcp/lo" once connected
+  bool accepted = false;             // made from a listener's connection request (peer = its socket's)
+
+  // Liveness (progress thread only): active messages counted as they arrive and leave
+  // (heartbeats included); the worker's liveness tick compares them with what it saw last.
+  uint64_t messages_in = 0;
+  uint64_t messages_out = 0;
+  uint64_t seen_in = 0;
+  uint64_t seen_out = 0;
+  Clock::time_point last_heard = Clock::now();
+
+  // Admission (progress thread only): a connection accepted from an unknown peer is on
+  // probation until admitted (Endpoint::requireAdmissionFromProgressThread).
+  size_t max_inbound_bytes = SIZE_MAX;      // header + payload of one message, bytes
+  Clock::time_point admission_deadline{};   // the epoch: none
 };
 
 /// A peer's memory unpacked for RMA on one endpoint. Destroyed with the endpoint.
@@ -96,6 +115,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   /// Flushes (bounded by close_timeout), then closes; force-closes if the flush did not
   /// finish in time. Idempotent; blocking unless called on the progress thread.
   void close();
+
+  /// Puts a connection accepted from a not yet trusted peer on probation (progress thread,
+  /// typically in the AcceptHandler, before any of its messages is handled): until
+  /// admitFromProgressThread(), a message whose header plus payload exceeds
+  /// `max_message_bytes` fails the connection (kInvalidMessage) without its payload being
+  /// received or allocated, and the connection fails (kTimeout) when `within` has passed.
+  /// Both go to the worker's EndpointErrorHandler, as a dead peer does.
+  void requireAdmissionFromProgressThread(size_t max_message_bytes, std::chrono::milliseconds within);
+  /// Ends the probation (progress thread; e.g. the peer authenticated).
+  void admitFromProgressThread();
 
   // internal (progress thread)
   ucp_ep_h ucpEp() const { return state_->ep; }

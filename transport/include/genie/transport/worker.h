@@ -14,8 +14,13 @@
 // large payloads). RMA put/get use memory registered once through the registration cache.
 //
 // Errors: endpoints use UCX's peer error handling; when a peer dies or the link breaks, every
-// pending request completes with kPeerUnreachable naming the peer, within
-// WorkerConfig::peer_timeout (keepalive), and nothing hangs.
+// pending request completes with kPeerUnreachable naming the peer, and nothing hangs.
+// Liveness: UCX's keepalive misses a peer that is stopped or hung (its kernel still answers
+// TCP) and a link cut without a reset; so each worker also sends a heartbeat on every
+// connection it has sent nothing on for WorkerConfig::peer_timeout / 8, and fails a connection
+// it has heard nothing on (no message, no heartbeat) for peer_timeout. A peer is then declared
+// dead within peer_timeout + peer_timeout / 8, and a live one (busy running a graph, receiving
+// a large payload) never is: its progress thread keeps sending heartbeats.
 #pragma once
 
 #include <algorithm>
@@ -42,6 +47,7 @@ typedef struct ucp_conn_request* ucp_conn_request_h;
 
 namespace genie::transport {
 
+class ConnectionGuard;
 class Endpoint;
 class InboundMessage;
 class Listener;
@@ -151,9 +157,13 @@ class Worker : public std::enable_shared_from_this<Worker> {
   }
   /// Counts a CUDA payload staged through host memory; warns the first time.
   void noteStaged(size_t n);
+  /// A listener's port starts or stops being watched by the connection guard (progress thread).
+  void guardPortFromProgressThread(uint16_t port, bool guard);
   /// Creates the ucp endpoint of an accepted connection request (progress thread).
   void acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler& on_accept);
   void onEndpointErrorFromProgressThread(EndpointState* state, Status status);
+  /// Runs the liveness and admission checks when their tick is due (progress thread).
+  void tickIfDueFromProgressThread();
   /// Starts closing an endpoint: graceful (flush) or forced; bounded by close_timeout.
   void closeEndpointFromProgressThread(const std::shared_ptr<EndpointState>& state, bool force);
   /// Runs fn(arg) on the progress thread after the current ucp_worker_progress() returns
@@ -184,6 +194,13 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// Wraps a created ucp endpoint (state->ep set) in an Endpoint and tracks it.
   std::shared_ptr<Endpoint> adoptEndpointFromProgressThread(std::shared_ptr<EndpointState> state);
   std::shared_ptr<Endpoint> endpointFor(ucp_ep_h ep);
+  /// The state of an open endpoint, or null (progress thread).
+  EndpointState* stateFor(ucp_ep_h ep);
+  /// Liveness and admission (see the header comment): heartbeats where nothing was sent since
+  /// the last tick, failures where nothing was heard for peer_timeout or probation expired.
+  void tickFromProgressThread(std::chrono::steady_clock::time_point now);
+  /// Fails a connection that sent a message over its probation limit (inside its callback).
+  void refuseOversizeFromProgressThread(EndpointState* state, size_t bytes);
   void forgetEndpointFromProgressThread(ucp_ep_h ep);
   friend struct AmDispatch;
   friend struct AmCallbackScope;
@@ -233,6 +250,14 @@ class Worker : public std::enable_shared_from_this<Worker> {
   std::vector<std::pair<void (*)(void*), void*>> running_deferred_;
   AmCallbackScope* am_scope_ = nullptr;
   unsigned yield_polls_ = 0;  // progress thread only: see yieldPollsFromProgressThread
+  // Liveness tick (progress thread only): progress() reads the clock every kPollsPerClockRead
+  // polls, and the progress thread sleeps at most one tick interval.
+  std::chrono::milliseconds tick_interval_{100};
+  std::chrono::steady_clock::time_point next_tick_{};
+  unsigned polls_since_clock_ = 0;
+  // Listening ports' stuck connection requests (connection_guard.h), scanned every 250 ms.
+  std::unique_ptr<ConnectionGuard> guard_;
+  std::chrono::steady_clock::time_point next_guard_scan_{};
   uint64_t am_generation_ = 0;
 
   std::atomic<uint64_t> bytes_sent_{0};

@@ -618,8 +618,8 @@ def async_chunk_for(device: str, address: str) -> int:
     Why off there: a CPU node on the same host computes on the cores the program records on.
     On the 2-core development VM, asynchronous runs doubled the recording time of a GPT-2
     decode step (15-17 -> 30-42 ms) and made the step no shorter; with client and node pinned
-    to separate cores they made it 10-13% shorter (docs/perf/models.md, session 5). A GPU
-    node, or a node on another host, computes beside the program."""
+    to separate cores they made it 10-13% shorter (docs/perf/models.md, 2026-11-22, commit
+    2b1e133). A GPU node, or a node on another host, computes beside the program."""
     env = os.environ.get("GENIE_ASYNC_CHUNK")
     if env is not None:
         return max(int(env), 0)

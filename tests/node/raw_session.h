@@ -12,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "genie/transport/endpoint.h"
 #include "genie/transport/message.h"
@@ -29,8 +30,8 @@ struct RawReply {
 
 class RawSession {
  public:
-  /// Connects to 127.0.0.1:port and says Hello; check ok() afterwards.
-  explicit RawSession(uint16_t port) {
+  /// Connects to 127.0.0.1:port and, with `say_hello`, says Hello; check ok() afterwards.
+  explicit RawSession(uint16_t port, bool say_hello = true) {
     transport::WorkerConfig config;
     config.name = "raw-session";
     auto worker = transport::Worker::create(config);
@@ -47,15 +48,29 @@ class RawSession {
       return;
     }
     endpoint_ = *endpoint;
+    if (!say_hello) {
+      ok_ = true;
+      return;
+    }
     auto welcome = call(wire::buildHello(1, "raw-session", "", getpid()));
     ok_ = !welcome.header.empty() && welcome.message()->body_type() == wire::Body::Welcome;
   }
   ~RawSession() {
-    if (endpoint_) call(wire::buildGoodbye(0, "test done"), {}, /*expect_reply=*/false);
+    if (connected()) call(wire::buildGoodbye(0, "test done"), {}, /*expect_reply=*/false);
     endpoint_.reset();
     if (worker_) worker_->shutdown();
   }
   bool ok() const { return ok_; }
+  /// True while the connection to the node is up.
+  bool connected() const { return endpoint_ && endpoint_->isConnected(); }
+  /// Waits until the node closed the connection (true) or `timeout` passed (false).
+  bool waitUntilDisconnected(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (connected() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return !connected();
+  }
 
   /// Sends one request and waits (10 s) for the next message the node sends back.
   RawReply call(const flatbuffers::DetachedBuffer& header, std::span<const std::byte> payload = {},

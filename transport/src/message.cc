@@ -190,6 +190,7 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
     return;
   }
   // Rendezvous: UCX moves the bytes straight into dst and takes the descriptor.
+  worker.countReceived(payload.size);
   auto* op = new ReceiveOp{std::move(done), payload.size, std::move(from)};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;

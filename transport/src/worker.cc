@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,9 +25,13 @@ namespace genie::transport {
 
 namespace {
 
-/// progress() reads the clock for the liveness tick once per this many polls (a poll is
-/// 0.1-1 µs when idle, so the tick is late by well under a millisecond).
-constexpr unsigned kPollsPerClockRead = 1024;
+/// A millisecond clock that costs a few ns (CLOCK_MONOTONIC_COARSE, vDSO; a few ms of
+/// resolution): progress() reads it on every call to see whether the liveness tick is due.
+int64_t coarseMilliseconds() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1'000'000;
+}
 
 /// UCX_TLS as Genie uses it: shared memory alone cannot establish a client-server
 /// connection (the sockaddr connection manager needs tcp), so "sm" gets tcp added.
@@ -97,9 +102,10 @@ struct AmDispatch {
       worker->refuseOversizeFromProgressThread(state, header_length + length);
       return UCS_OK;  // a rendezvous payload is then never pulled
     }
-    worker->countReceived(header_length + length);
-    if (!worker->message_handler_) return UCS_OK;
     bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    // A rendezvous payload is counted when the receiver pulls it (a refused one never is).
+    worker->countReceived(header_length + (rndv ? 0 : length));
+    if (!worker->message_handler_) return UCS_OK;
     AmCallbackScope scope(*worker);
     worker->message_handler_(InboundMessage(std::move(endpoint), {static_cast<const std::byte*>(header), header_length},
                                             length ? data : nullptr, length, rndv));
@@ -183,7 +189,7 @@ struct AmDispatch {
   static EndpointState* heardFrom(Worker& worker, const ucp_am_recv_param_t* param) {
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
     EndpointState* state = worker.stateFor(param->reply_ep);
-    if (state != nullptr) ++state->messages_in;
+    if (state != nullptr && state->messages_in++ == 0) state->established.store(true, std::memory_order_release);
     return state;
   }
 
@@ -313,7 +319,8 @@ Status Worker::init() {
   if (config_.peer_timeout.count() > 0) {
     tick_interval_ = std::max(config_.peer_timeout / 8, std::chrono::milliseconds(10));
   }
-  next_tick_ = std::chrono::steady_clock::now() + tick_interval_;
+  last_tick_ = std::chrono::steady_clock::now();
+  next_tick_ms_ = coarseMilliseconds() + tick_interval_.count();
 
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -401,10 +408,11 @@ unsigned Worker::progress() {
   // Called in a busy loop: the checks for empty queues stay inline (a few instructions).
   unsigned events = 0;
   if (tasks_pending_.load(std::memory_order_acquire) != 0) events += runPostedTasks();
-  if (++polls_since_clock_ >= kPollsPerClockRead) tickIfDueFromProgressThread();
   events += ucp_worker_progress(worker_);
   if (!deferred_.empty()) events += runDeferred();
   if (!pending_closes_.empty()) events += progressCloses();
+  // After the messages that arrived were handled: a peer is not blamed for what UCX still held.
+  if (coarseMilliseconds() >= next_tick_ms_) tickIfDueFromProgressThread();
   return events;
 }
 
@@ -616,13 +624,15 @@ std::shared_ptr<Endpoint> Worker::endpointFor(ucp_ep_h ep) {
 }
 
 void Worker::tickIfDueFromProgressThread() {
-  polls_since_clock_ = 0;
-  const auto now = std::chrono::steady_clock::now();
-  if (now >= next_tick_) tickFromProgressThread(now);
+  if (coarseMilliseconds() >= next_tick_ms_) tickFromProgressThread(std::chrono::steady_clock::now());
 }
 
 void Worker::tickFromProgressThread(std::chrono::steady_clock::time_point now) {
-  next_tick_ = now + tick_interval_;
+  next_tick_ms_ = coarseMilliseconds() + tick_interval_.count();
+  // A tick much later than due means this process did not progress meanwhile (a long UCX call,
+  // a busy machine, this process stopped): that time is not the peers' silence.
+  const auto stalled = now - last_tick_ - tick_interval_;
+  last_tick_ = now;
   const bool liveness = config_.peer_timeout.count() > 0;
   // Failures are reported after the walk: the error handler may close endpoints (erasing them).
   std::vector<std::pair<std::shared_ptr<EndpointState>, Status>> failed;
@@ -634,25 +644,21 @@ void Worker::tickFromProgressThread(std::chrono::steady_clock::time_point now) {
       continue;
     }
     if (!liveness) continue;
+    if (stalled > tick_interval_) state->last_heard += stalled;
+    // last_heard is the tick that first saw a message, up to one tick after it arrived: the
+    // silence is measured one tick short, so that a dead peer is declared within peer_timeout
+    // plus one tick of its last message, after at least peer_timeout minus one tick of silence.
     if (state->messages_in != state->seen_in) {
       state->seen_in = state->messages_in;
       state->last_heard = now;
-    } else if (now - state->last_heard >= config_.peer_timeout) {
+    } else if (now - state->last_heard >= config_.peer_timeout - tick_interval_) {
       failed.emplace_back(state, GENIE_ERROR(kPeerUnreachable, "nothing heard from {} in {} ms (the peer stopped, hung "
                                                                "or the link is cut)", state->peer,
                                              std::chrono::duration_cast<std::chrono::milliseconds>(now - state->last_heard).count()));
       continue;
     }
-    if (state->messages_out == state->seen_out) {
-      // Nothing sent since the last tick: a heartbeat, so the peer hears from us. Its request
-      // (if UCX keeps one) is released by UCX when it completes.
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_AM_SEND_FLAG_REPLY;
-      ucs_status_ptr_t request = ucp_am_send_nbx(state->ep, kAmHeartbeat, nullptr, 0, nullptr, 0, &param);
-      if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-      ++state->messages_out;
-    }
+    // Nothing sent since the last tick: a heartbeat, so that the peer hears from us.
+    if (state->messages_out == state->seen_out) sendHeartbeatFromProgressThread(*state);
     state->seen_out = state->messages_out;
   }
   for (auto& [state, status] : failed) onEndpointErrorFromProgressThread(state.get(), std::move(status));
@@ -673,6 +679,16 @@ void Worker::guardPortFromProgressThread(uint16_t port, bool guard) {
   } else {
     guard_->removePort(port);
   }
+}
+
+void Worker::sendHeartbeatFromProgressThread(EndpointState& state) {
+  // Its request, if UCX keeps one, is released by UCX when it completes.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  ucs_status_ptr_t request = ucp_am_send_nbx(state.ep, kAmHeartbeat, nullptr, 0, nullptr, 0, &param);
+  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  ++state.messages_out;
 }
 
 void Worker::refuseOversizeFromProgressThread(EndpointState* state, size_t bytes) {
@@ -812,21 +828,22 @@ Result<std::shared_ptr<Endpoint>> Worker::connect(const std::string& host, uint1
   }
   if (!created) return created.status();
   std::shared_ptr<Endpoint> endpoint = created.value();
-  // The connection is established once a flush completes (wireup done).
-  std::atomic<bool> flushed{false};
-  Status flush_status;
-  endpoint->flush([&](Status s) {
-    flush_status = s;
-    flushed = true;
-  });
-  if (!waitUntil([&] { return flushed.load(); }, config_.connect_timeout)) {
-    endpoint->close();
-    return GENIE_ERROR(kTimeout, "connect to {}: no answer in {} ms", peer, config_.connect_timeout.count());
+  // Established once the peer's worker speaks: an accepting worker sends a heartbeat at once
+  // (acceptFromProgressThread), so this also proves both directions work. Not a flush: a flush
+  // still pending when the connection fails trips a use-after-free in UCX 1.22's error flow
+  // (ucp_ep_flush_resume_slow_path_callback on a destroyed endpoint; docs/security.md).
+  const std::shared_ptr<EndpointState>& state = endpoint->state();
+  auto fail = [&](Status status) -> Result<std::shared_ptr<Endpoint>> {
+    post([this, state] { closeEndpointFromProgressThread(state, /*force=*/true); });
+    waitUntil([&] { return state->close_done.load(); }, config_.close_timeout);
+    return status;
+  };
+  if (!waitUntil([&] { return state->established.load() || state->failed.load(); }, config_.connect_timeout)) {
+    return fail(GENIE_ERROR(kTimeout, "connect to {}: no answer in {} ms", peer, config_.connect_timeout.count()));
   }
-  if (!flush_status) {
-    endpoint->close();
-    return Status(StatusCode::kPeerUnreachable, fmt::format("connect to {} failed: {}", peer, flush_status.message()),
-                  __FILE__, __LINE__);
+  if (state->failed.load()) {
+    return fail(Status(StatusCode::kPeerUnreachable, fmt::format("connect to {} failed: {}", peer, state->error.message()),
+                       __FILE__, __LINE__));
   }
   std::string lanes;
   std::atomic<bool> lanes_done{false};
@@ -865,6 +882,8 @@ void Worker::acceptFromProgressThread(ucp_conn_request_h request, AcceptHandler&
     return;
   }
   state->ep = ep;
+  // The connecting worker waits for this peer's first message (connect()): a heartbeat now.
+  sendHeartbeatFromProgressThread(*state);
   auto endpoint = adoptEndpointFromProgressThread(std::move(state));
   SPDLOG_INFO("accepted a connection from {}", peer);
   if (on_accept) on_accept(std::move(endpoint));

@@ -50,6 +50,7 @@ struct EndpointState {
   // Liveness (progress thread only): active messages counted as they arrive and leave
   // (heartbeats included); the worker's liveness tick compares them with what it saw last.
   uint64_t messages_in = 0;
+  std::atomic<bool> established{false};  // the peer's first message arrived (any thread reads)
   uint64_t messages_out = 0;
   uint64_t seen_in = 0;
   uint64_t seen_out = 0;

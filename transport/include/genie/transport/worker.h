@@ -199,6 +199,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   /// Liveness and admission (see the header comment): heartbeats where nothing was sent since
   /// the last tick, failures where nothing was heard for peer_timeout or probation expired.
   void tickFromProgressThread(std::chrono::steady_clock::time_point now);
+  /// A heartbeat (kAmHeartbeat: no header, no data) to the endpoint's peer.
+  void sendHeartbeatFromProgressThread(EndpointState& state);
   /// Fails a connection that sent a message over its probation limit (inside its callback).
   void refuseOversizeFromProgressThread(EndpointState* state, size_t bytes);
   void forgetEndpointFromProgressThread(ucp_ep_h ep);
@@ -250,11 +252,11 @@ class Worker : public std::enable_shared_from_this<Worker> {
   std::vector<std::pair<void (*)(void*), void*>> running_deferred_;
   AmCallbackScope* am_scope_ = nullptr;
   unsigned yield_polls_ = 0;  // progress thread only: see yieldPollsFromProgressThread
-  // Liveness tick (progress thread only): progress() reads the clock every kPollsPerClockRead
-  // polls, and the progress thread sleeps at most one tick interval.
+  // Liveness tick (progress thread only): progress() compares a coarse clock (ms) with
+  // next_tick_ms_; the progress thread sleeps at most one tick interval.
   std::chrono::milliseconds tick_interval_{100};
-  std::chrono::steady_clock::time_point next_tick_{};
-  unsigned polls_since_clock_ = 0;
+  int64_t next_tick_ms_ = 0;
+  std::chrono::steady_clock::time_point last_tick_{};
   // Listening ports' stuck connection requests (connection_guard.h), scanned every 250 ms.
   std::unique_ptr<ConnectionGuard> guard_;
   std::chrono::steady_clock::time_point next_guard_scan_{};

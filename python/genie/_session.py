@@ -128,11 +128,12 @@ class Session:
     """The nodes of this process: addresses, token, the embedded node if any."""
 
     def __init__(self, servers: list[NodeAddress], auth_token: str, embedded: EmbeddedNode | None,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, keep_host_copy: bool = False) -> None:
         self.servers = servers
         self.auth_token = auth_token
         self.embedded = embedded
         self.timeout_ms = timeout_ms
+        self.keep_host_copy = keep_host_copy  # runtimes keep a lineage to rebuild a lost node's state
 
     def connect(self, index: int):
         from . import _C
@@ -149,28 +150,31 @@ _session: Session | None = None
 _lock = threading.Lock()
 
 
-def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None) -> Session:
+def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None,
+         keep_host_copy: bool | None = None) -> Session:
     """Chooses the nodes (see module docstring). Idempotent without arguments."""
     global _session
     if _forked_from is not None:
         raise forked_error("genie.init")
     with _lock:
-        if _session is not None and server is None:
+        if _session is not None and server is None and keep_host_copy is None:
             return _session
         if _session is not None:
             _shutdown_locked()
         from . import _C
         server = server if server is not None else os.environ.get("GENIE_SERVER")
         timeout_ms = timeout_ms or int(os.environ.get("GENIE_TIMEOUT_MS", "60000"))
+        if keep_host_copy is None:
+            keep_host_copy = os.environ.get("GENIE_KEEP_HOST_COPY", "0") not in ("", "0")
         if server:
             servers = parse_servers(server)
             if not servers:
                 raise ValueError("genie.init: no server given")
             token = auth_token if auth_token is not None else os.environ.get("GENIE_AUTH_TOKEN", "")
-            _session = Session(servers, token, None, timeout_ms)
+            _session = Session(servers, token, None, timeout_ms, keep_host_copy)
         else:
             node = EmbeddedNode(os.environ.get("GENIE_EMBEDDED_DEVICE", "cpu"))  # started on first connect
-            _session = Session([NodeAddress("127.0.0.1", 0)], node.token, node, timeout_ms)
+            _session = Session([NodeAddress("127.0.0.1", 0)], node.token, node, timeout_ms, keep_host_copy)
         _C.set_device_count(len(_session.servers))
         return _session
 
@@ -184,7 +188,7 @@ def make_runtime(index: int):
     current = session()
     if index >= len(current.servers):
         raise RuntimeError(f"remote_accelerator:{index} does not exist: genie has {len(current.servers)} device(s)")
-    return Runtime(index, lambda: current.connect(index))
+    return Runtime(index, lambda: current.connect(index), current.keep_host_copy)
 
 
 def _shutdown_locked() -> None:

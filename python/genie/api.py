@@ -35,13 +35,22 @@ class DeviceProperties:
         return torch.device("remote_accelerator", self.index)
 
 
-def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None) -> None:
+def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None,
+         keep_host_copy: bool | None = None) -> None:
     """Chooses the node(s): `server` is "host:port", "h1:p1,h2:p2" or a list; default
     `GENIE_SERVER`; with neither, an embedded genie-node on loopback. Connects lazily.
 
+    `keep_host_copy` (default `GENIE_KEEP_HOST_COPY`, off): keep the host tensors sent to the
+    nodes (the weights) and the lineage of what each node holds (`genie.lineage`), so that when
+    a node is lost the program goes on: Genie connects again (the node restarted at its
+    address, for up to 60 s, or a restarted embedded node), uploads the weights again, replays
+    the runs that made the lost state (a KV cache), and repeats the request that failed. It
+    costs host memory (the copies), no bytes on the wire. Off, values of a lost node raise
+    GenieConnectionError naming it.
+
     Raises ValueError for a malformed address, GenieConnectionError if the embedded node
     cannot start."""
-    _session.init(server, auth_token, timeout_ms)
+    _session.init(server, auth_token, timeout_ms, keep_host_copy)
 
 
 def shutdown() -> None:

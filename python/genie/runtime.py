@@ -24,7 +24,9 @@ One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` se
 
 Errors: a failed run marks the values it would have produced as lost (using one re-raises
 the error) and leaves everything else usable; a lost connection marks every value of the
-session lost, and the next use reconnects (or restarts the embedded node). A failed
+session lost, and the next use reconnects (or restarts the embedded node). With host copies
+kept (`genie.init(keep_host_copy=True)`), a lost connection is recovered instead: the runtime
+connects again and replays its lineage (`genie.lineage`), and the request goes on. A failed
 asynchronous run is reported at the next read or synchronization (as CUDA reports a kernel's
 error): it raises the run's GenieRemoteError (naming its op), and the values that run and
 every request sent after it would have kept are lost (`_reap_async`).
@@ -36,6 +38,8 @@ import functools
 import ipaddress
 import os
 import threading
+import time
+import warnings
 import weakref
 
 import torch
@@ -45,6 +49,7 @@ from . import _C
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
 from .host_eval import host_copy_of_upload, host_value
+from .lineage import Lineage
 from .lower import GraphCache, encode, lower
 
 RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
@@ -67,11 +72,18 @@ class Runtime:
     max_pending = 20000  # nodes; the pending graph runs when it grows past this
     inline_max_bytes = 64 * 1024  # host tensors up to this size travel inline with a run
 
-    def __init__(self, index: int, connect) -> None:
+    # Recovery (`lineage` set): how long a lost node may take to come back (s), and how many
+    # times one request may be recovered (a request that kills every node it reaches).
+    recovery_timeout_s = 60.0
+    max_recoveries = 3
+
+    def __init__(self, index: int, connect, keep_host_copy: bool = False) -> None:
         self.index = index
         self.device = torch.device("remote_accelerator", index)
         self._connect = connect  # () -> genie._C.Client
         self.client = None
+        # The requests that made the resident state, to rebuild it on a new node (None: off).
+        self.lineage: Lineage | None = Lineage() if keep_host_copy else None
         self.pending: list[Node] = []
         self.dead: list[Value] = []
         self.releasing: list[Value] = []  # resident values no tensor holds: their handles get freed
@@ -83,6 +95,7 @@ class Runtime:
         self.rng = Storage()  # the node's random generator: written by seeding and seeded ops
         self.rng.live = 1  # always live: its writers are never dropped as dead
         self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
+        self._lineage_entry: dict[int, int] = {}  # asynchronous runs: request id -> its lineage entry
         self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
         self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
         self._refs: dict[int, weakref.ref] = {}  # id(cell) -> the Cell of each live LazyTensor
@@ -116,6 +129,9 @@ class Runtime:
         self.dead = []
         self.releasing = []
         self.in_flight = {}
+        self._lineage_entry = {}
+        if self.lineage is not None:
+            self.lineage = Lineage()  # of handles that are gone with the node
         self._deferred = None  # superseded by the connection error being raised
         client, self.client = self.client, None
         if client is not None:
@@ -124,13 +140,55 @@ class Runtime:
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-    def _request(self, method: str, *args):
+    def _recover(self, error: GenieConnectionError) -> bool:
+        """With a lineage: connects again (the node restarted at its address, or a restarted
+        embedded node; for up to `recovery_timeout_s`) and replays the lineage on the new
+        session. True when the state is rebuilt; False (the values are then lost) otherwise."""
+        if self.lineage is None:
+            return False
+        old, self.client = self.client, None
+        if old is not None:
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        deadline = time.monotonic() + self.recovery_timeout_s
+        while True:
+            try:
+                # Not connection(): the graph cache stays (graph ids are content hashes).
+                client = self._connect()
+                self.lineage.replay(client)
+            except GenieConnectionError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.25)
+                continue
+            except GenieError as replay_error:  # the new node refused the state (out of memory, ...)
+                warnings.warn(f"genie: {self.device}: rebuilding the lost state failed: {replay_error}", stacklevel=4)
+                return False
+            self.client = client
+            self.in_flight.clear()  # replayed; their failures were checked there
+            warnings.warn(f"genie: {self.device}: the node was lost ({error}); reconnected to {client.address} "
+                          f"and rebuilt the resident state from {len(self.lineage.entries)} logged requests",
+                          stacklevel=4)
+            return True
+
+    def _live_handles(self) -> set[bytes]:
+        """Handles the program can still use: held by live tensors or read by pending ops."""
+        live = {cell.value.handle for cell in self._refs.values() if cell.value.handle is not None}
+        for node in self.pending:
+            live.update(v.handle for v in node.inputs() if v.handle is not None)
+        return live
+
+    def _request(self, method: str, *args, _recoveries: int = 0):
         """One request to the node that waits for its reply."""
         client = self.connection()
         returned_before = client.completed_calls
         try:
             result = getattr(client, method)(*args)
         except GenieConnectionError as error:
+            if _recoveries < self.max_recoveries and self._recover(error):
+                return self._request(method, *args, _recoveries=_recoveries + 1)
             self._lost(error)
             raise
         except KeyboardInterrupt as interrupt:
@@ -185,6 +243,8 @@ class Runtime:
         failures = self.client.take_async_failures(True)
         if failures:
             failed_id, error = min(failures, key=lambda f: f[0])  # request ids grow in send order
+            if self.lineage is not None and failed_id in self._lineage_entry:
+                self.lineage.forget_runs_after(self._lineage_entry[failed_id])
             poisoned = [kept for request_id, kept in self.in_flight.items() if request_id >= failed_id]
             poisoned.append(sent_after)
             for kept in poisoned:
@@ -192,6 +252,7 @@ class Runtime:
                     v.error = error  # the handle stays: freed when the tensor dies
             first = first or error
         self.in_flight.clear()
+        self._lineage_entry.clear()
         return first
 
     # ---- tensors ------------------------------------------------------------------------
@@ -276,6 +337,9 @@ class Runtime:
         self._release_unneeded(pending)
         cut.keep()
         self.in_flight[request_id] = [v for v, _, _ in cut.kept]
+        if self.lineage is not None:
+            self._lineage_entry[request_id] = len(self.lineage.entries)
+            self.lineage.run(cut.request, cut.weights)
         self._raise_interrupt()
 
     def manual_seed(self, seed: int) -> None:
@@ -328,6 +392,8 @@ class Runtime:
         if data.requires_grad or isinstance(data, torch.nn.Parameter):
             data = data.data
         self._request("put", [(handle, data, residency)])  # no report of failed runs here: the handle would leak
+        if self.lineage is not None:
+            self.lineage.put([(handle, data, residency)])
         value = Value(None, 0, storage or Storage(), data.dtype, handle=handle, residency=residency)
         value.host = host_copy_of_upload(data)
         if self._interrupt is not None:
@@ -461,6 +527,8 @@ class Runtime:
         frees = self._take_frees(set()) if self.releasing and self.client is not None else []
         if frees:
             self._call("free", frees)
+            if self.lineage is not None:
+                self.lineage.free(frees)
         elif self.in_flight or self._deferred is not None:
             failed = self._reap_async()
             if failed is not None:
@@ -509,12 +577,16 @@ class Runtime:
         self.connection()  # (re)connecting clears the graph cache: before consulting it
         lifted, scalars, graph_id = self.graphs.prepare(lowered)
         if graph_id is None:
-            graph_id = self._request("register_graph", encode(lowered, lifted))
+            graph_bytes = encode(lowered, lifted)
+            graph_id = self._request("register_graph", graph_bytes)
             self.graphs.remember(lowered, lifted, graph_id)
+            if self.lineage is not None:
+                self.lineage.graph(graph_id, graph_bytes)
         bindings = [(i, obj) for i, (kind, obj) in enumerate(lowered.inputs) if kind != "weight"]
         frees = self._take_frees({obj for kind, obj in lowered.inputs if kind != "inline"})
         specs, spec_values, kept = _output_specs(nodes, lowered.value_ids, returned, described)
-        return _Cut((graph_id, bindings, scalars, specs, frees), spec_values, kept)
+        weights = tuple(obj for kind, obj in lowered.inputs if kind == "weight")
+        return _Cut((graph_id, bindings, scalars, specs, frees), spec_values, kept, weights)
 
     def _execute(self, returned: list[Value], described: list[Value]) -> tuple[dict, dict]:
         self._drain_dead()
@@ -539,10 +611,14 @@ class Runtime:
             raise
         self._release_unneeded(pending)
         cut.keep()
+        if self.lineage is not None:
+            self.lineage.run(cut.request, cut.weights)
         self._raise_interrupt()
         failed = self._reap_async([v for v, _, _ in cut.kept])
         if failed is not None:
             raise failed
+        if self.lineage is not None:  # no asynchronous run names an entry now
+            self.lineage.maybe_prune(self._live_handles())
         out_returned, out_described = {}, {}
         for (_, action, _, _), v, result in zip(cut.request[3], cut.spec_values, results):
             if action in (RETURN, RETURN_AND_KEEP):
@@ -633,14 +709,16 @@ def async_chunk_for(device: str, address: str) -> int:
 
 class _Cut:
     """A prepared cut: the RunGraph arguments (graph_id, bindings, scalars, specs, frees), the
-    Value of each output spec, and the (value, handle, residency) it keeps resident."""
+    Value of each output spec, the (value, handle, residency) it keeps resident, and the weight
+    handles its graph binds itself."""
 
-    __slots__ = ("request", "spec_values", "kept")
+    __slots__ = ("request", "spec_values", "kept", "weights")
 
-    def __init__(self, request: tuple, spec_values: list[Value], kept: list[tuple]) -> None:
+    def __init__(self, request: tuple, spec_values: list[Value], kept: list[tuple], weights: tuple = ()) -> None:
         self.request = request
         self.spec_values = spec_values
         self.kept = kept
+        self.weights = weights
 
     def keep(self) -> None:
         """The run was sent (and succeeded, or is asynchronous): kept values get their handles."""

@@ -238,6 +238,9 @@ Status Worker::init() {
     // ucp_config_modify does not reach; an explicit UCX_TCP_PUT_ENABLE wins.
     setenv("UCX_TCP_PUT_ENABLE", "n", /*overwrite=*/0);
   }
+  // A service restarted at once on its port (after a crash: its old connections are still in
+  // TIME-WAIT there) can listen again, as servers do with SO_REUSEADDR. An explicit setting wins.
+  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
   ucp_config_t* ucx_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &ucx_config);
   if (st != UCS_OK) return GENIE_UCX_STATUS(st, "ucp_config_read");

@@ -613,7 +613,8 @@ Every blocking method releases the GIL while it waits.
       .def_property_readonly("device", &PyClient::device, "The node's device: \"cpu\", \"cuda:0\".")
       .def_property_readonly("node_name", &PyClient::nodeName, "The node's name.")
       .def_property_readonly("memory_limit", &PyClient::memoryLimit,
-                             "The node's limit on resident tensors (bytes; 0 = unlimited).")
+                             "This session's memory limit (bytes; 0 = unlimited): the smaller nonzero of "
+                             "its quota and the node's limit.")
       .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
       .def_readonly("completed_calls", &PyClient::completed_calls,
                     "How many put/get/register_graph/run_graph/run_graph_async calls returned.")

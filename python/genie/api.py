@@ -18,7 +18,8 @@ class DeviceProperties:
     """What `genie.get_device(i)` reports about `remote_accelerator:i`.
 
     `address` is the node's "host:port"; `device` the node's own device ("cpu", "cuda:0");
-    `memory_limit` the node's limit in bytes (0: none); `embedded` whether this process started it.
+    `memory_limit` this session's limit in bytes, the smaller of its quota and the node's limit
+    (0: none); `embedded` whether this process started it.
     """
 
     index: int

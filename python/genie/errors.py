@@ -3,8 +3,10 @@
 The C++ extension (`genie._C`) raises these from the data plane's status values:
 
 - `GenieConnectionError`: the node is unreachable or went away (refused connection, peer
-  died, timeout). The message names the node's address. Raised within the peer timeout
-  (`GENIE_PEER_TIMEOUT_MS`, 2 s by default); never a hang.
+  died, stopped or cut off, timeout, "is shutting down" after a clean stop). The message names
+  the node's address. Raised within the peer timeout plus one heartbeat tick
+  (`GENIE_PEER_TIMEOUT_MS`: 2.25 s by default); never a hang. With
+  `genie.init(keep_host_copy=True)` a lost node is rebuilt instead (docs/security.md).
 - `GenieRemoteError`: the node answered with an error: `code` is the wire ErrorCode's name
   ("UnknownOp", "TorchError", "OutOfMemory", ...), `op_index`/`op_name` the failing op's index
   in the graph and its aten name (-1 and "" when no op failed), `node_message` the node's text.

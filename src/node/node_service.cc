@@ -731,7 +731,10 @@ void NodeService::Impl::onMessage(InboundMessage message) {
           GENIE_LOG_WARN("refused a session from {}: wrong auth token ({} of {} tries)", from->peer(), failed,
                          kMaxFailedHellos);
           replyError(*from, id, {ErrorCode::Unauthenticated, "wrong auth token"});
-          if (failed >= kMaxFailedHellos) from->close();  // flushes the reply first
+          if (failed >= kMaxFailedHellos) {
+            from->close();  // flushes the reply first
+            connections.erase(from.get());
+          }
           return;
         }
       }

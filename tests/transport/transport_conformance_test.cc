@@ -332,6 +332,27 @@ TEST_P(TransportTest, CloseIsBoundedWhenThePeerStopsAnswering) {
   peer.kill(SIGKILL);
 }
 
+TEST_P(TransportTest, AStoppedPeerIsDeclaredDeadByHeartbeatsAndAnIdleOneIsNot) {
+  Node node(tls(), "watcher");
+  uint16_t port = node.listen();
+  PeerProcess peer({"--connect", "127.0.0.1:" + std::to_string(port), "--tls", tls(), "--mode", "hold"});
+  auto hello = node.nextMessage(20s);
+  ASSERT_TRUE(hello.has_value());
+  const auto timeout = node.worker->config().peer_timeout;
+  // Idle for twice the timeout: the peer's heartbeats keep the connection up.
+  EXPECT_FALSE(node.nextError(2 * timeout).has_value()) << "an idle, live peer was declared dead";
+  EXPECT_TRUE(hello->endpoint()->isConnected());
+  peer.kill(SIGSTOP);  // its kernel still answers TCP; UCX's keepalive sees nothing wrong
+  auto stopped_at = std::chrono::steady_clock::now();
+  auto error = node.nextError(timeout + 2s);
+  ASSERT_TRUE(error.has_value()) << "a stopped peer was not declared dead";
+  EXPECT_LE(std::chrono::steady_clock::now() - stopped_at, timeout + timeout / 8 + 200ms);
+  EXPECT_EQ(error->code(), StatusCode::kPeerUnreachable) << error->toString();
+  EXPECT_NE(error->message().find("nothing heard from"), std::string::npos) << error->toString();
+  EXPECT_FALSE(hello->endpoint()->isConnected());
+  peer.kill(SIGKILL);
+}
+
 /// A worker whose message handler counts replies by header and notes the thread it ran on.
 struct DrivenClient {
   explicit DrivenClient(const std::string& tls) {

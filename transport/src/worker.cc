@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,6 +33,19 @@ int64_t coarseMilliseconds() {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
   return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1'000'000;
+}
+
+/// Once per process: a UCX older than the release Genie's tests run on (GENIE_UCX_TESTED_VERSION,
+/// set by CMake) is named, with what is known to go wrong with the one CI builds against.
+void warnIfOlderThanTested(unsigned major, unsigned minor, unsigned release) {
+  static std::atomic<bool> warned{false};
+  unsigned tested[3] = {0, 0, 0};
+  std::sscanf(GENIE_UCX_TESTED_VERSION, "%u.%u.%u", &tested[0], &tested[1], &tested[2]);
+  const unsigned running[3] = {major, minor, release};
+  if (!std::lexicographical_compare(running, running + 3, tested, tested + 3) || warned.exchange(true)) return;
+  SPDLOG_WARN("UCX {}.{}.{} is older than {}, the release Genie is tested on: UCX 1.13's TCP connection manager "
+              "aborts the process on some malformed connection requests; listen only on a trusted fabric "
+              "(docs/security.md)", major, minor, release, GENIE_UCX_TESTED_VERSION);
 }
 
 /// UCX_TLS as Genie uses it: shared memory alone cannot establish a client-server
@@ -142,17 +157,21 @@ struct AmDispatch {
     };
     // The whole message is copied into (or received by rendezvous into) a host buffer: a
     // length this process cannot allocate fails the connection, not the process.
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     std::vector<std::byte> bytes;
     try {
-      bytes.resize(length);
+      if (rndv) {
+        bytes.resize(length);
+      } else {
+        bytes.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+      }
     } catch (const std::bad_alloc&) {
       worker->onEndpointErrorFromProgressThread(
           state, GENIE_ERROR(kOutOfMemory, "{} sent a {}-byte message with a large header, more than this process "
                                            "can allocate: connection closed", state->peer, length));
       return UCS_OK;
     }
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-      if (length) std::memcpy(bytes.data(), data, length);
+    if (!rndv) {
       deliver(std::move(bytes));
       return UCS_OK;  // copied: UCX may release its descriptor
     }
@@ -303,6 +322,7 @@ Status Worker::init() {
   ucp_get_version(&major, &minor, &release);
   info_.ucx_version = fmt::format("{}.{}.{}", major, minor, release);
   info_.tls = tls;
+  warnIfOlderThanTested(major, minor, release);
 
   auto set_handler = [&](unsigned id, ucp_am_recv_callback_t cb) -> Status {
     ucp_am_handler_param_t handler{};
@@ -415,7 +435,7 @@ unsigned Worker::progress() {
   if (!deferred_.empty()) events += runDeferred();
   if (!pending_closes_.empty()) events += progressCloses();
   // After the messages that arrived were handled: a peer is not blamed for what UCX still held.
-  if (coarseMilliseconds() >= next_tick_ms_) tickIfDueFromProgressThread();
+  tickIfDueFromProgressThread();
   return events;
 }
 
@@ -664,7 +684,10 @@ void Worker::tickFromProgressThread(std::chrono::steady_clock::time_point now) {
     if (state->messages_out == state->seen_out) sendHeartbeatFromProgressThread(*state);
     state->seen_out = state->messages_out;
   }
-  for (auto& [state, status] : failed) onEndpointErrorFromProgressThread(state.get(), std::move(status));
+  for (auto& [state, status] : failed) {
+    SPDLOG_WARN("{}", status.message());  // onEndpointErrorFromProgressThread logs at info: a peer's close is routine
+    onEndpointErrorFromProgressThread(state.get(), std::move(status));
+  }
   if (!guard_->empty() && now >= next_guard_scan_) {
     next_guard_scan_ = now + std::chrono::milliseconds(250);
     guard_->scan(now, config_.connect_timeout, [this](const std::string& peer) {

@@ -3,11 +3,13 @@
 // thread. Tensors are described by wire::TensorSlotArgs and travel as raw bytes.
 //
 // Errors: kPeerUnreachable / kTimeout from the data plane (naming the node's address). When
-// the connection fails (the node died, the link broke), every request still waiting fails
-// at once with kPeerUnreachable (within the transport's peer timeout, ~1 s), not at its own
-// timeout. A reply not there after the timeout is waited for again as long as the node answers
-// a Ping (its progress thread answers while a session thread runs a long graph): kTimeout only
-// when the node answers neither within the timeout (a hung or overloaded node);
+// the connection fails (the node died, stopped or hung, the link broke), every request still
+// waiting fails at once with kPeerUnreachable: within the transport's peer timeout plus one
+// tick (heartbeats; 2.25 s by default), not at its own timeout. After the node said Goodbye (a
+// clean stop) every request fails with kPeerUnreachable "genie-node HOST:PORT is shutting
+// down: ...". A reply not there after the timeout is waited for again as long as the node
+// answers a Ping (its progress thread answers while a session thread runs a long graph):
+// kTimeout only when the node answers neither within the timeout (a hung node);
 // kRemote when the node answered with an Error: the Status message reads
 // "<ErrorCode> [op <index> (<op name>)]: <node's message>" and remoteError() returns the parts.
 //

@@ -32,6 +32,7 @@ error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -88,6 +89,39 @@ def pss_kib(pid: int) -> int | None:
             return int(next(line for line in f if line.startswith("Pss:")).split()[1])
     except (OSError, StopIteration):
         return None
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
+    total = sum(fields[:8])                                      # guest time is already in user
+    return total - idle, total
+
+
+def process_jiffies(pid: int | str = "self") -> int:
+    """utime + stime of the process (its threads included), in clock ticks; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def other_cpu_share(before: dict, after: dict) -> float | None:
+    """The machine's CPU time between two ``cpu_snapshot`` s that was NOT ours, as a share of all of it (0..1)."""
+    total = after["total"] - before["total"]
+    if total <= 0:
+        return None
+    ours = sum(after["pids"].get(pid, 0) - before["pids"].get(pid, 0) for pid in after["pids"] if pid in before["pids"])
+    return max(0.0, (after["busy"] - before["busy"] - ours) / total)
+
+
+def cpu_snapshot(pids) -> dict:
+    busy, total = machine_jiffies()
+    return {"busy": busy, "total": total, "pids": {pid: process_jiffies(pid) for pid in pids}}
 
 
 def rss_kib(pid: int | str = "self") -> int:
@@ -263,9 +297,15 @@ def machine() -> dict:
         commit = None
     with open("/proc/meminfo") as f:
         mem_total_kib = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+    try:
+        status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src", "transport", "include",
+                                 "tools", "python", "schemas"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        status = ""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit,
+        "uncommitted_product_files": [line[3:] for line in status.splitlines()],
         "host": platform.node(),
         "cpu_model": model,
         "cpu_count": os.cpu_count(),
@@ -274,6 +314,25 @@ def machine() -> dict:
         "python": platform.python_version(),
         "ucx_net_devices": os.environ.get("UCX_NET_DEVICES"),
     }
+
+
+def provenance(node_binary: str) -> dict:
+    """What ran: the genie-node binary and the genie package the clients import (paths, modification times)."""
+    import importlib.util
+
+    def mtime(path):
+        try:
+            return datetime.datetime.fromtimestamp(os.stat(path).st_mtime, datetime.timezone.utc).isoformat(
+                timespec="seconds")
+        except OSError:
+            return None
+
+    spec = importlib.util.find_spec("genie")
+    package = pathlib.Path(spec.origin).parent if spec and spec.origin else None
+    extension = next(iter(sorted(package.glob("_C*.so"))), None) if package else None
+    return {"node_binary": str(node_binary), "node_binary_mtime": mtime(node_binary),
+            "genie_package": str(package) if package else None,
+            "genie_extension_mtime": mtime(extension) if extension else None}
 
 
 def format_kib(kib) -> str:
@@ -452,6 +511,18 @@ def thread_names(pid: int) -> dict:
     return dict(sorted(names.items(), key=lambda kv: -kv[1]))
 
 
+@contextlib.contextmanager
+def killing(processes: list):
+    """On the way out (an exception included), SIGKILL every process of ``processes`` still alive."""
+    try:
+        yield processes
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 def timed_stats(node: Node, box: dict) -> None:
     """``node.stats()`` into ``box["stats"]``, its wall time into ``box["seconds"]`` (an error as ``box["error"]``)."""
     t0 = time.monotonic()
@@ -484,15 +555,23 @@ def wait_connected(args, processes, connected, results, node: Node) -> tuple[boo
 
 
 def run_load(args) -> dict:
-    """The ``load`` subcommand's measurement; returns the result document."""
+    """The ``load`` subcommand's measurement; returns the result document. The node is stopped whatever happens."""
     quiet_environment()
     host = machine()
     log = args.node_log or tempfile.mkstemp(prefix="genie-node-load-", suffix=".log")[1]
     node = Node(args.node, log)
+    try:
+        return measure_load(args, node, log, host)
+    finally:
+        node.stop()
+
+
+def measure_load(args, node: Node, log: str, host: dict) -> dict:
     print(f"load: {node.banner} (pid {node.pid}, stderr {log})", file=sys.stderr, flush=True)
     document = {"subcommand": "load", "machine": host, "command": sys.argv, "clients": args.clients,
                 "seconds": args.seconds, "model": args.model, "start_method": args.start_method,
-                "start_concurrency": args.start_concurrency, "node": {"command": node.command, "stderr_file": log}}
+                "start_concurrency": args.start_concurrency, "node": {"command": node.command, "stderr_file": log},
+                "provenance": provenance(args.node)}
     # One thread in the process the clients are forked from, and in each client (2 cores, 64 clients).
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -505,7 +584,8 @@ def run_load(args) -> dict:
     results = ctx.Queue()
     reports: dict[int, dict] = {}
     processes = []
-    with Monitor(node) as monitor:
+    cpu_at_go = cpu_at_end = None
+    with Monitor(node) as monitor, killing(processes):
         time.sleep(1.0)
         at_start = node.sample()
         t_start = time.monotonic()
@@ -529,6 +609,8 @@ def run_load(args) -> dict:
         stats_connected, stats_connected_s = stats_box.get("stats"), stats_box.get("seconds")
         if not connected_ok:
             abort.value = 1
+        our_pids = [node.pid, os.getpid()] + [p.pid for p in processes]
+        cpu_at_go = cpu_snapshot(our_pids)
         go.set()
         monitor.phase = "running"
         time.sleep(min(2.0, args.seconds / 2))
@@ -550,9 +632,10 @@ def run_load(args) -> dict:
                 if not any(p.is_alive() for p in processes) and results.empty():
                     break
                 continue
-            reports[report["index"]] = report
-            if len(reports) == 1:
+            if len(reports) == len(reported):   # the first client done with its steps
+                cpu_at_end = cpu_snapshot(our_pids)
                 monitor.phase = "leaving"
+            reports[report["index"]] = report
         for p in processes:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
         for p in processes:
@@ -600,6 +683,9 @@ def run_load(args) -> dict:
         "clients_pss_sum_kib": sum(x for x in clients_pss if x is not None),
         "clients_rss_mean_kib": sum(clients_rss) / len(clients_rss) if clients_rss else None,
         "mem_available_min_kib": monitor.mem_available_min_kib,
+        # The machine's CPU time in the measured window spent by processes other than the node,
+        # the clients and this script (another program on the machine), as a share of all of it.
+        "other_cpu_share": other_cpu_share(cpu_at_go, cpu_at_end) if cpu_at_go and cpu_at_end else None,
         "stats_after": stats_after,
         # --stats' own connection is a session of its own: the clients' sessions are one fewer.
         "client_sessions_after": (stats_after["sessions"] - 1) if stats_after else None,
@@ -636,6 +722,8 @@ def print_load(doc: dict, out=None) -> None:
         ("clients' memory, all connected", f"PSS sum {format_kib(doc['clients_pss_sum_kib'])}, "
                                            f"RSS mean {format_kib(doc['clients_rss_mean_kib'])}"),
         ("machine MemAvailable, lowest", format_kib(doc["mem_available_min_kib"])),
+        ("CPU used by other programs, measured window", "-" if doc["other_cpu_share"] is None
+         else f"{doc['other_cpu_share']:.1%}"),
         ("--stats sessions, all connected", (doc["stats_all_connected"] or {}).get("sessions", "-")),
         ("--stats sessions after (own incl.)", doc["stats_after"]["sessions"] if doc["stats_after"] else "-"),
         ("client sessions after", doc["client_sessions_after"]),
@@ -704,7 +792,9 @@ def soak_client(address: str, node_pid: int, steps: int, decode_per_round: int, 
                 first = tokens
             step_seconds = sorted(recorder.step_seconds())
             node = proc_sample(node_pid)
+            cpu = cpu_snapshot([node_pid, os.getpid(), os.getppid()])
             results.put(("round", {
+                "cpu": cpu,
                 "round": round_index, "steps_done": done_steps, "seconds": seconds,
                 "step_median_s": step_seconds[len(step_seconds) // 2] if step_seconds else None,
                 "step_max_s": step_seconds[-1] if step_seconds else None,
@@ -741,17 +831,24 @@ def rss_summary(rounds: list, key: str, warmup_rounds: int = 2) -> dict:
 
 
 def run_soak(args) -> dict:
-    """The ``soak`` subcommand's measurement; returns the result document."""
+    """The ``soak`` subcommand's measurement; returns the result document. The node is stopped whatever happens."""
     quiet_environment()
     host = machine()
     log = args.node_log or tempfile.mkstemp(prefix="genie-node-soak-", suffix=".log")[1]
     node = Node(args.node, log)
+    try:
+        return measure_soak(args, node, log, host)
+    finally:
+        node.stop()
+
+
+def measure_soak(args, node: Node, log: str, host: dict) -> dict:
     print(f"soak: {node.banner} (pid {node.pid}, stderr {log})", file=sys.stderr, flush=True)
     document = {"subcommand": "soak", "machine": host, "command": sys.argv, "steps_asked": args.steps,
                 "decode_per_round": args.decode_per_round, "n_layer": args.n_layer,
                 "model": f"GPT-2 ({'124M, ' if args.n_layer == 12 else ''}GPT2Config(n_layer={args.n_layer})), random "
                          f"weights (torch.manual_seed(0)), genie.demo.models.load_gpt2",
-                "node": {"command": node.command, "stderr_file": log}}
+                "node": {"command": node.command, "stderr_file": log}, "provenance": provenance(args.node)}
     time.sleep(1.0)
     node_start = node.sample()
     ctx = mp.get_context("spawn")
@@ -760,6 +857,12 @@ def run_soak(args) -> dict:
                           args=(node.address, node.pid, args.steps, args.decode_per_round, args.n_layer, results))
     t0 = time.monotonic()
     process.start()
+    with killing([process]):
+        return soak_rounds(args, node, process, results, t0, document, node_start)
+
+
+def soak_rounds(args, node: Node, process, results, t0: float, document: dict, node_start: dict | None) -> dict:
+    """Collects the soak client's reports until it is done, then the node's state after it left."""
     rounds, setup, done, error = [], None, None, None
     while done is None and error is None:
         try:
@@ -795,18 +898,21 @@ def run_soak(args) -> dict:
     node_after = node.sample()
     node_alive = node.alive()
     exit_code = node.stop()
-    soak_rounds = [r for r in rounds]
     step_medians = sorted(r["step_median_s"] for r in rounds if r["step_median_s"] is not None)
     document.update({
         "setup": setup, "error": error, "done": done,
         "rounds": len(rounds), "steps": rounds[-1]["steps_done"] if rounds else 0, "seconds": elapsed,
         "decode_step_median_s": step_medians[len(step_medians) // 2] if step_medians else None,
         "mismatched_rounds": sum(not r["tokens_equal_first"] for r in rounds),
+        # CPU time of other programs (not the node, the client, this script) from the end of round 2
+        # (round 1 if fewer) to the last round, as a share of the machine's.
+        "other_cpu_share": other_cpu_share(rounds[min(1, len(rounds) - 1)]["cpu"], rounds[-1]["cpu"])
+        if len(rounds) >= 2 else None,
         "first_round_equals_cpu": rounds[0]["first_round_equals_cpu"] if rounds else None,
         "node_rss": {"before_client_kib": node_start["rss_kib"] if node_start else None,
-                     **rss_summary(soak_rounds, "node_rss_kib"),
+                     **rss_summary(rounds, "node_rss_kib"),
                      "after_client_left_kib": node_after["rss_kib"] if node_after else None},
-        "client_rss": rss_summary(soak_rounds, "client_rss_kib"),
+        "client_rss": rss_summary(rounds, "client_rss_kib"),
         "node_threads_min_max": [min((r["node_threads"] for r in rounds), default=None),
                                  max((r["node_threads"] for r in rounds), default=None)],
         "node_fds_min_max": [min((r["node_fds"] for r in rounds), default=None),
@@ -818,7 +924,7 @@ def run_soak(args) -> dict:
         "per_round": rounds,
     })
     document["passed"] = bool(error is None and done is not None and document["mismatched_rounds"] == 0
-                              and node_alive and exit_code == 0)
+                              and node_alive and exit_code == 0 and document["client_sessions_after"] == 0)
     return document
 
 
@@ -831,6 +937,8 @@ def print_soak(doc: dict, out=None) -> None:
         ("decode steps / rounds", f"{doc['steps']} / {doc['rounds']} ({doc['decode_per_round']} per round + 1 prefill)"),
         ("seconds", f"{doc['seconds']:.0f} s"),
         ("decode step (median of round medians)", format_ms(doc["decode_step_median_s"])),
+        ("CPU used by other programs, rounds 2..end", "-" if doc["other_cpu_share"] is None
+         else f"{doc['other_cpu_share']:.1%}"),
         ("rounds with other tokens than round 1", doc["mismatched_rounds"]),
         ("round 1 tokens = CPU's", doc["first_round_equals_cpu"]),
         ("node threads min/max", " / ".join(str(x) for x in doc["node_threads_min_max"])),

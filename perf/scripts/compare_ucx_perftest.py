@@ -36,18 +36,20 @@ MIB = 1 << 20
 
 
 def find_perftest():
-    """ucx_perftest of the venv's libucx-cu13 (the UCX genie-bench links by default), else PATH's."""
-    for python in (ROOT / ".venv" / "bin" / "python",):
-        if python.exists():
-            out = subprocess.run([str(python), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
-                                 capture_output=True, text=True)
-            candidate = pathlib.Path(out.stdout.strip()) / "bin" / "ucx_perftest"
-            if out.returncode == 0 and candidate.exists():
-                return str(candidate)
-    return "ucx_perftest"
+    """ucx_perftest of the venv's libucx-cu13 (the UCX genie-bench links by default) and the
+    folder of its libraries (the wheel's binary has no RPATH to them: without it, it would load
+    a system libucp), else PATH's ucx_perftest."""
+    python = ROOT / ".venv" / "bin" / "python"
+    if python.exists():
+        out = subprocess.run([str(python), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
+                             capture_output=True, text=True)
+        folder = pathlib.Path(out.stdout.strip())
+        if out.returncode == 0 and (folder / "bin" / "ucx_perftest").exists():
+            return str(folder / "bin" / "ucx_perftest"), str(folder / "lib")
+    return "ucx_perftest", None
 
 
-UCX_PERFTEST = find_perftest()
+UCX_PERFTEST, UCX_PERFTEST_LIBS = find_perftest()
 
 
 def free_port():
@@ -57,7 +59,10 @@ def free_port():
 
 
 def env_for(tls):
-    return dict(os.environ, UCX_TLS=tls, UCX_NET_DEVICES="lo")
+    env = dict(os.environ, UCX_TLS=tls, UCX_NET_DEVICES="lo")
+    if UCX_PERFTEST_LIBS:
+        env["LD_LIBRARY_PATH"] = UCX_PERFTEST_LIBS + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    return env
 
 
 def run_pair(server_cmd, client_cmd, env, timeout=300):

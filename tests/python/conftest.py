@@ -1,6 +1,8 @@
 import os
 import pathlib
 import socket
+import subprocess
+import uuid
 
 import pytest
 
@@ -69,3 +71,41 @@ def _genie_node():
             node.kill()
             node.wait()
         log.close()
+
+
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: a server at 10.77.0.1 and a client at
+    10.77.0.2 (a private /24 that exists only inside the test; nothing leaves the machine).
+    Yields server_ns, client_ns, server_ip, server_dev, client_dev. Needs root; skipped otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"genie-a-{tag}", f"genie-b-{tag}"
+    va, vb = f"gva{tag}", f"gvb{tag}"
+    if _ip("netns", "add", a).returncode != 0:
+        pytest.skip("ip netns add is not permitted here")
+    try:
+        assert _ip("netns", "add", b).returncode == 0
+        setup = [
+            ["link", "add", va, "type", "veth", "peer", "name", vb],
+            ["link", "set", va, "netns", a],
+            ["link", "set", vb, "netns", b],
+            ["-n", a, "addr", "add", "10.77.0.1/24", "dev", va],
+            ["-n", b, "addr", "add", "10.77.0.2/24", "dev", vb],
+            ["-n", a, "link", "set", va, "up"],
+            ["-n", b, "link", "set", vb, "up"],
+            ["-n", a, "link", "set", "lo", "up"],
+            ["-n", b, "link", "set", "lo", "up"],
+        ]
+        for step in setup:
+            out = _ip(*step)
+            assert out.returncode == 0, f"ip {' '.join(step)}: {out.stderr}"
+        yield {"server_ns": a, "client_ns": b, "server_ip": "10.77.0.1", "server_dev": va, "client_dev": vb}
+    finally:
+        _ip("netns", "del", a)
+        _ip("netns", "del", b)

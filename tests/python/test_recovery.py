@@ -4,12 +4,10 @@ genie.init(keep_host_copy=True): when the node dies, Genie connects again once i
 uploads the weights again, replays the runs that made the KV cache (genie.lineage), and the
 same unmodified generate() call finishes with the same tokens as on the CPU.
 """
-import os
 import re
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 import torch

@@ -15,13 +15,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
-import uuid
 
 import pytest
 
-from conftest import BIN
+from conftest import BIN, _ip
 
 PEER = BIN / "node_client_peer"
 
@@ -45,7 +43,7 @@ class Node:
             self.stop()
             raise RuntimeError(f"genie-node did not start ({line!r}): {self.log.read()}")
         self.host, self.port = match.group(1), int(match.group(2))
-        self.pid = self.process.pid if not netns else _child_pid(self.process.pid)
+        self.pid = self.process.pid  # `ip netns exec` execs the program: the same process
 
     def threads(self):
         return len(os.listdir(f"/proc/{self.pid}/task"))
@@ -104,11 +102,6 @@ def _read_line(process, timeout):
         if select.select([process.stdout], [], [], 0.05)[0]:
             return process.stdout.readline()
     return ""
-
-
-def _child_pid(pid):
-    """`ip netns exec` execs the program: the same pid."""
-    return pid
 
 
 @pytest.fixture
@@ -326,41 +319,14 @@ def test_a_stopped_client_has_its_session_freed_within_2_5_s(node):
         peer.wait()
 
 
-def _ip(*args):
-    return subprocess.run(["ip", *args], capture_output=True, text=True)
-
-
-@pytest.fixture
-def two_hosts():
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    tag = uuid.uuid4().hex[:6]
-    a, b, va, vb = f"gnode-{tag}", f"gclient-{tag}", f"gna{tag}", f"gnb{tag}"
-    if _ip("netns", "add", a).returncode != 0:
-        pytest.skip("ip netns add is not permitted here")
-    try:
-        assert _ip("netns", "add", b).returncode == 0
-        for step in (["link", "add", va, "type", "veth", "peer", "name", vb], ["link", "set", va, "netns", a],
-                     ["link", "set", vb, "netns", b], ["-n", a, "addr", "add", "10.78.0.1/24", "dev", va],
-                     ["-n", b, "addr", "add", "10.78.0.2/24", "dev", vb], ["-n", a, "link", "set", va, "up"],
-                     ["-n", b, "link", "set", vb, "up"], ["-n", a, "link", "set", "lo", "up"],
-                     ["-n", b, "link", "set", "lo", "up"]):
-            out = _ip(*step)
-            assert out.returncode == 0, f"ip {' '.join(step)}: {out.stderr}"
-        yield {"node_ns": a, "client_ns": b, "node_ip": "10.78.0.1", "node_dev": va, "client_dev": vb}
-    finally:
-        _ip("netns", "del", a)
-        _ip("netns", "del", b)
-
-
 def test_a_cut_link_is_seen_by_both_sides_within_2_5_s(node, two_hosts):
-    # The node listens on its veth and on loopback (for --stats from its own host below).
-    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES=f"lo,{two_hosts['node_dev']}")
-    n = node(netns=two_hosts["node_ns"], listen="0.0.0.0:0", env=env)
-    peer = _hold(n.port, 1 << 20, "--watch", netns=two_hosts["client_ns"], host=two_hosts["node_ip"])
+    # The node listens on its veth and on loopback (for the observer on its own host below).
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES=f"lo,{two_hosts['server_dev']}")
+    n = node(netns=two_hosts["server_ns"], listen="0.0.0.0:0", env=env)
+    peer = _hold(n.port, 1 << 20, "--watch", netns=two_hosts["client_ns"], host=two_hosts["server_ip"])
     # The node's view, from its own host over loopback (the cut veth carries nothing): a client
     # that polls the node's sessions and prints the time when only its own is left.
-    observer = subprocess.Popen(["ip", "netns", "exec", two_hosts["node_ns"], sys.executable, "-c", WATCH_SESSIONS,
+    observer = subprocess.Popen(["ip", "netns", "exec", two_hosts["server_ns"], sys.executable, "-c", WATCH_SESSIONS,
                                  str(n.port)], stdout=subprocess.PIPE, text=True,
                                 env=dict(env, UCX_NET_DEVICES="lo", GENIE_LOG_LEVEL="error"))
     try:

@@ -7,44 +7,6 @@ import json
 import os
 import subprocess
 import time
-import uuid
-
-import pytest
-
-
-def _ip(*args):
-    return subprocess.run(["ip", *args], capture_output=True, text=True)
-
-
-@pytest.fixture
-def two_hosts():
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    tag = uuid.uuid4().hex[:6]
-    a, b = f"genie-a-{tag}", f"genie-b-{tag}"
-    va, vb = f"gva{tag}", f"gvb{tag}"
-    if _ip("netns", "add", a).returncode != 0:
-        pytest.skip("ip netns add is not permitted here")
-    try:
-        assert _ip("netns", "add", b).returncode == 0
-        setup = [
-            ["link", "add", va, "type", "veth", "peer", "name", vb],
-            ["link", "set", va, "netns", a],
-            ["link", "set", vb, "netns", b],
-            ["-n", a, "addr", "add", "10.77.0.1/24", "dev", va],
-            ["-n", b, "addr", "add", "10.77.0.2/24", "dev", vb],
-            ["-n", a, "link", "set", va, "up"],
-            ["-n", b, "link", "set", vb, "up"],
-            ["-n", a, "link", "set", "lo", "up"],
-            ["-n", b, "link", "set", "lo", "up"],
-        ]
-        for step in setup:
-            out = _ip(*step)
-            assert out.returncode == 0, f"ip {' '.join(step)}: {out.stderr}"
-        yield {"server_ns": a, "client_ns": b, "server_ip": "10.77.0.1", "server_dev": va, "client_dev": vb}
-    finally:
-        _ip("netns", "del", a)
-        _ip("netns", "del", b)
 
 
 def test_genie_bench_between_two_hosts_over_tcp(genie_bench, two_hosts):

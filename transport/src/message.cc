@@ -1,5 +1,6 @@
 #include "genie/transport/message.h"
 
+
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -143,6 +144,7 @@ struct ReceiveOp {
 
 void onReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
   std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(user_data));
+  if (op->from && op->from->bulk_receives > 0) --op->from->bulk_receives;
   std::string peer = op->from ? op->from->peer : std::string("a closed endpoint");
   if (status == UCS_OK && length != op->expected) {
     op->done(GENIE_ERROR(kInvalidMessage, "rendezvous from {} delivered {} bytes, expected {}", peer, length,
@@ -191,6 +193,7 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
   }
   // Rendezvous: UCX moves the bytes straight into dst and takes the descriptor.
   worker.countReceived(payload.size);
+  if (from) noteBulkReceive(*from, payload.size);
   auto* op = new ReceiveOp{std::move(done), payload.size, std::move(from)};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;

@@ -176,11 +176,13 @@ struct AmDispatch {
       return UCS_OK;  // copied: UCX may release its descriptor
     }
     // Rendezvous: pull the whole message into the host buffer, then deliver it.
-    auto* pending = new LargeHeaderReceive{std::move(bytes), deliver};
+    noteBulkReceive(*state, length);
+    auto* pending = new LargeHeaderReceive{std::move(bytes), deliver, endpoint->state()};
     ucp_request_param_t request{};
     request.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     request.cb.recv_am = [](void* req, ucs_status_t status, size_t, void* user_data) {
       std::unique_ptr<LargeHeaderReceive> done(static_cast<LargeHeaderReceive*>(user_data));
+      if (done->from->bulk_receives > 0) --done->from->bulk_receives;
       if (status == UCS_OK) done->deliver(std::move(done->bytes));
       if (req != nullptr) ucp_request_free(req);
     };
@@ -188,8 +190,10 @@ struct AmDispatch {
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(worker->worker_, data, pending->bytes.data(), length, &request);
     if (sp == nullptr) {
       std::unique_ptr<LargeHeaderReceive> done(pending);
+      --state->bulk_receives;
       done->deliver(std::move(done->bytes));
     } else if (UCS_PTR_IS_ERR(sp)) {
+      --state->bulk_receives;
       delete pending;
       SPDLOG_WARN("large-header receive from {} failed: {}", endpoint->peer(),
                   ucs_status_string(UCS_PTR_STATUS(sp)));
@@ -215,6 +219,7 @@ struct AmDispatch {
   struct LargeHeaderReceive {
     std::vector<std::byte> bytes;
     std::function<void(std::vector<std::byte>)> deliver;
+    std::shared_ptr<EndpointState> from;
   };
 
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -671,7 +676,7 @@ void Worker::tickFromProgressThread(std::chrono::steady_clock::time_point now) {
     // last_heard is the tick that first saw a message, up to one tick after it arrived: the
     // silence is measured one tick short, so that a dead peer is declared within peer_timeout
     // plus one tick of its last message, after at least peer_timeout minus one tick of silence.
-    if (state->messages_in != state->seen_in) {
+    if (state->messages_in != state->seen_in || (state->bulk_receives > 0 && now < state->bulk_until)) {
       state->seen_in = state->messages_in;
       state->last_heard = now;
     } else if (now - state->last_heard >= config_.peer_timeout - tick_interval_) {

@@ -3,9 +3,21 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+
+#include "genie/transport/endpoint.h"
 #include "genie/transport/worker.h"
 
 namespace genie::transport {
+
+/// A rendezvous receive of `bytes` from the peer starts (progress thread): its silence is not
+/// held against it while the data may still be flowing (EndpointState::bulk_until). The
+/// receive's completion decrements bulk_receives.
+inline void noteBulkReceive(EndpointState& from, size_t bytes) {
+  ++from.bulk_receives;
+  auto until = EndpointState::Clock::now() + std::chrono::milliseconds(bytes * 1000 / kMinBulkBytesPerSecond);
+  from.bulk_until = std::max(from.bulk_until, until);
+}
 
 /// Lives on the stack of an active-message callback. A message received or released while
 /// its own callback runs must not call into UCX for its data; it records what the callback

@@ -31,6 +31,10 @@ enum AmId : uint16_t {
   kAmHeartbeat = 2,    // no header, no data: "still here" (Worker liveness)
 };
 
+/// The least bandwidth a rendezvous receive is expected to reach (bytes per second): it bounds
+/// how long a peer's messages may queue behind its data (EndpointState::bulk_until).
+constexpr uint64_t kMinBulkBytesPerSecond = uint64_t{64} << 20;
+
 /// Shared between an Endpoint and its Worker (progress thread), alive until the ucp endpoint
 /// is closed.
 struct EndpointState {
@@ -55,6 +59,12 @@ struct EndpointState {
   uint64_t seen_in = 0;
   uint64_t seen_out = 0;
   Clock::time_point last_heard = Clock::now();
+  // Rendezvous receives from this peer in flight, and how long they may take at the least
+  // bandwidth expected (kMinBulkBytesPerSecond): while data flows, messages (heartbeats) queue
+  // behind it on some transports (UCX's fragmented rendezvous over shared memory), so the
+  // silence is not held against the peer until then.
+  uint32_t bulk_receives = 0;
+  Clock::time_point bulk_until{};
 
   // Admission (progress thread only): a connection accepted from an unknown peer is on
   // probation until admitted (Endpoint::requireAdmissionFromProgressThread).

@@ -327,11 +327,15 @@ def provenance(node_binary: str) -> dict:
         except OSError:
             return None
 
-    spec = importlib.util.find_spec("genie")
+    spec = importlib.util.find_spec("genie")   # finds, does not import (no torch here)
     package = pathlib.Path(spec.origin).parent if spec and spec.origin else None
-    extension = next(iter(sorted(package.glob("_C*.so"))), None) if package else None
+    # genie._C may live apart from the sources (an editable install keeps it in site-packages).
+    places = [pathlib.Path(p) / "genie" for p in spec.submodule_search_locations or []] if spec else []
+    places += [pathlib.Path(p) / "genie" for p in sys.path if p]
+    extension = next((so for place in places if place.is_dir() for so in sorted(place.glob("_C*.so"))), None)
     return {"node_binary": str(node_binary), "node_binary_mtime": mtime(node_binary),
             "genie_package": str(package) if package else None,
+            "genie_extension": str(extension) if extension else None,
             "genie_extension_mtime": mtime(extension) if extension else None}
 
 

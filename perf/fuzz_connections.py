@@ -7,29 +7,33 @@ transport opened (tcp connection requests, wireup and active messages), and behi
 admission (Hello, tokens, pre-session limits) and message verification.
 
 How:
-  1. Seeds: a genuine session is captured with tshark on lo (installed with apt-get if missing):
+  1. Seeds: genuine sessions are captured with tshark on lo (installed with apt-get if missing):
      node_client_peer uploads a tensor once with UCX's default transports and once with
      UCX_TLS=tcp (so wireup and active messages use the tcp transport's ports), and opens and
      closes sessions (--churn). Each TCP stream's client->node bytes become a seed, tagged with
      the kind of port it went to ("cm": the node's own port, "tcp": a tcp-transport port).
   2. For --minutes: a worker picks a seed and a port (mostly one of the seed's kind), mutates the
      bytes (bit flips, interesting bytes, 1/2/4/8-byte length fields set or nudged, truncation,
-     splicing with another seed, random inserts, duplicated or deleted chunks), connects, sends
-     them (in one write or several with small delays), ends with a close, a half-close or a
-     reset (SO_LINGER 0, possibly before everything was sent), reads what comes back for a
-     moment, and closes. --workers connections run at once.
+     splicing with another seed, random inserts, duplicated or deleted chunks; a mutation hits one
+     of the client's turns or the whole stream), connects, sends them (turn by turn, waiting for
+     the node's answer as a real client does; or with small fixed delays; or cut anywhere; or in
+     one write), ends with a close, a half-close or a reset (SO_LINGER 0, possibly before
+     everything was sent), reads what comes back for a moment, and closes. --workers
+     connections run at once.
   3. Every --check-every seconds the workers pause and the node is checked: its process runs and a
      fresh real session works (node_client_peer --churn 1, alternately with UCX's default
      transports and with UCX_TLS=tcp); its fds, threads and RSS are sampled from /proc. A node
      that died (or stopped answering) is reported as a crash: every input sent since the last
      good check is saved, with the node's stderr, under --crash-dir, and the node is restarted.
-     `--replay DIR` sends such a directory's inputs to a fresh node again, in order.
+     The node runs with UCX_HANDLE_ERRORS=bt, so each crash is named by the frames that faulted
+     (or UCX's assertion). `--replay DIR` sends such a directory's inputs to a fresh node again,
+     in order.
 
 Only loopback is used (UCX_NET_DEVICES=lo, 127.0.0.1). Prints executions (connections),
 executions per second, crashes, and the node's fds/threads/RSS at start, at most and at end.
 
     python3 perf/fuzz_connections.py [--minutes 5] [--seed 1] [--workers 4]
-    python3 perf/fuzz_connections.py --replay fuzz-crashes/crash-1
+    python3 perf/fuzz_connections.py --replay /tmp/genie-fuzz-crashes.XXXX/crash-1
 Exit status: 0 with no crash, 1 with a crash, 2 when it could not start.
 """
 
@@ -70,7 +74,9 @@ class Node:
         self.stderr_path = workdir / f"node-{int(time.time() * 1000)}.stderr"
         self.stderr = open(self.stderr_path, "w+")
         command = [str(binary), "--listen", f"{HOST}:0", "--log-level", "warn", *extra_args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        # UCX prints a backtrace when the process dies of a signal: each crash names its frame.
+        env = dict(os.environ, UCX_HANDLE_ERRORS=os.environ.get("UCX_HANDLE_ERRORS", "bt"))
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env)
         line = read_line(self.process, 30)
         match = re.match(r"genie-node listening on (\S+):(\d+)", line)
         if not match:
@@ -133,7 +139,8 @@ class Node:
         return {"fds": self.fds(), "threads": self.threads(), "rss_kib": self.rss_kib()}
 
     def stderr_text(self):
-        self.stderr.flush()
+        if not self.stderr.closed:
+            self.stderr.flush()
         with open(self.stderr_path, errors="replace") as f:
             return f.read()
 
@@ -142,6 +149,24 @@ class Node:
         if rc is None:
             return "running"
         return f"killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
+
+    def crash_signature(self):
+        """What killed the node, in one line: the signal, and UCX's assertion or the three frames
+        below the signal handler in the backtrace UCX printed."""
+        text = self.stderr_text()
+        assertion = re.search(r"(\S+\.c:\d+\s+Assertion .*)", text)
+        if assertion:   # the numbers after "failed:" vary from input to input: N
+            head, _, detail = assertion.group(1).strip().partition("failed:")
+            detail = re.sub(r"\b(0x[0-9a-f]+|\d+)\b", "N", detail)
+            return f"{self.exit_description()}: {head}failed:{detail}"
+        frames = re.findall(r"^\s*\d+\s+(\S+)\((\S*?)(\+0x[0-9a-f]+)\)", text, re.M)
+        names = [f"{Path(lib).name}:{fn}" if fn else f"{Path(lib).name}{offset}" for lib, fn, offset in frames]
+        # Below UCX's handler and the kernel's signal trampoline (the first libc frame without a
+        # symbol): the three frames that faulted.
+        for i, (lib, fn, _) in enumerate(frames):
+            if "libc.so" in lib and not fn:
+                return f"{self.exit_description()} at {' < '.join(names[i + 1:i + 4]) or '?'}"
+        return f"{self.exit_description()} (no backtrace)"
 
     def stop(self):
         if self.process.poll() is None:
@@ -165,13 +190,15 @@ def read_line(process, timeout):
     return ""
 
 
-def peer_env(tls=None):
+def peer_env(tls=None, port_range=None):
     env = dict(os.environ)
     env["UCX_NET_DEVICES"] = "lo"
     if tls:
         env["UCX_TLS"] = tls
     else:
         env.pop("UCX_TLS", None)
+    if port_range:
+        env["UCX_TCP_PORT_RANGE"] = port_range
     return env
 
 
@@ -196,9 +223,9 @@ def ensure_tshark():
     log("tshark not found: installing it (apt-get install tshark)")
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    preseed = subprocess.run([*sudo, "debconf-set-selections"], input="wireshark-common wireshark-common/install-setuid boolean false\n",
-                             text=True, env=env, capture_output=True)
-    del preseed  # best effort: noninteractive already takes the default
+    # Best effort (noninteractive takes the default anyway): no setuid dumpcap.
+    subprocess.run([*sudo, "debconf-set-selections"], env=env, capture_output=True, text=True,
+                   input="wireshark-common wireshark-common/install-setuid boolean false\n")
     install = [*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", "tshark"]
     if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
         subprocess.run([*sudo, "apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL, check=True)
@@ -240,8 +267,14 @@ def capture_seeds(node: Node, workdir: Path):
         time.sleep(0.5)
         sessions = [("default", None, ["4096"]), ("tcp", "tcp", ["4096"]),
                     ("churn", None, ["--churn", "3"]), ("churn-tcp", "tcp", ["--churn", "3"])]
+        # Of two tcp-transport peers on one address, the one whose port is lower connects to the
+        # other (UCX 1.22): the client's tcp ports are put below the node's, so that the client
+        # opens the tcp-transport connections, to the node's ports, as a remote attacker would.
+        top = min(node.ports["tcp"]) - 1
+        port_range = f"{max(1024, top - 2000)}-{top}" if top > 1100 else None
         for name, tls, args in sessions:
-            peer = subprocess.Popen([str(BIN / "node_client_peer"), str(node.port), *args], env=peer_env(tls),
+            peer = subprocess.Popen([str(BIN / "node_client_peer"), str(node.port), *args],
+                                    env=peer_env(tls, port_range),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             line = read_line(peer, 30).strip()
             if args[0] != "--churn":
@@ -594,10 +627,10 @@ class Campaign:
             f"{why}\n{len(self.batch)} inputs sent since the last good check, in start order "
             f"(NNNNNN.bin, with NNNNNN.json: port kind, delivery, worker, times).\n"
             f"Replay: python3 perf/fuzz_connections.py --replay {out}\n")
-        self.crashes.append({"dir": str(out), "why": why, "inputs": len(self.batch),
+        signature = self.node.crash_signature() if not self.node.alive() else why
+        self.crashes.append({"dir": str(out), "why": why, "signature": signature, "inputs": len(self.batch),
                              "stderr_tail": stderr[-3000:]})
-        log(f"CRASH {index}: {why}; {len(self.batch)} inputs saved in {out}")
-        log("node stderr (tail):\n" + stderr[-3000:])
+        log(f"CRASH {index}: {signature}; {len(self.batch)} inputs saved in {out}")
 
 
 def settle(node, base, timeout=10.0):
@@ -636,6 +669,8 @@ def fuzz(args):
     time.sleep(3)   # the capture's killed clients are reaped (peer timeout 2 s)
     start = node.resources()
     peak = dict(start)
+    instance = {"pid": node.pid, "start": start, "peak": peak}
+    instances = [instance]   # one per node process: the first, and one after each crash
     cpu_start = node.cpu_seconds()
     log(f"node at start: fds {start['fds']}, threads {start['threads']}, RSS {start['rss_kib']} KiB")
 
@@ -651,15 +686,20 @@ def fuzz(args):
         ok, why = campaign.check()
         if ok:
             sample = node.resources()
-            for key in peak:
-                peak[key] = max(peak[key], sample[key])
+            for key in instance["peak"]:
+                instance["peak"][key] = max(instance["peak"][key], sample[key])
             campaign.batch = []
         else:
             campaign.save_crash(why)
+            instance["end"] = campaign.crashes[-1]["signature"]
             campaign.batch = []
             node.stop()
             restarts += 1
             node = campaign.start_node()
+            time.sleep(1)
+            instance = {"pid": node.pid, "start": node.resources()}
+            instance["peak"] = dict(instance["start"])
+            instances.append(instance)
             log(f"genie-node restarted: pid {node.pid}, ports {node.all_ports()}")
         if time.monotonic() - last_report >= 30:
             last_report = time.monotonic()
@@ -669,12 +709,13 @@ def fuzz(args):
                 f"node fds {r['fds']} threads {r['threads']} RSS {r['rss_kib']} KiB")
     elapsed = time.monotonic() - began
 
-    settled = settle(node, start) if restarts == 0 else None
+    settled = settle(node, instance["start"])
     time.sleep(0.5)
     cpu_idle_before = node.cpu_seconds()
     time.sleep(2)
     idle_cpu = node.cpu_seconds() - cpu_idle_before
     end = node.resources()
+    instance["end"] = end
     ok_final, why_final = real_session(node)
     if not ok_final and not campaign.crashes:
         campaign.crashes.append({"why": f"final session: {why_final}"})
@@ -692,15 +733,24 @@ def fuzz(args):
         f"cm {campaign.answered['cm']}, tcp {campaign.answered['tcp']}; that it closed or reset first: "
         f"cm {campaign.closed_by_node['cm']}, tcp {campaign.closed_by_node['tcp']}")
     log(f"liveness checks (real sessions): {campaign.checks}; node restarts: {restarts}")
-    log(f"crashes: {len(campaign.crashes)}")
+    log(f"crashes: {len(campaign.crashes)}" + (f" (inputs in {args.crash_dir})" if campaign.crashes else ""))
+    kinds = {}
     for c in campaign.crashes:
-        log(f"  {c['why']}" + (f" -> {c['dir']}" if "dir" in c else ""))
-    log(f"node fds:     start {start['fds']}, max {peak['fds']}, end {end['fds']}")
-    log(f"node threads: start {start['threads']}, max {peak['threads']}, end {end['threads']}")
-    log(f"node RSS:     start {start['rss_kib']} KiB, max {peak['rss_kib']} KiB, end {end['rss_kib']} KiB")
-    if settled is not None:
-        log(f"fds and threads back at their start values within 10 s: {'yes' if settled else 'NO'}; "
-            f"node CPU {node_cpu:.1f} s over the run, {idle_cpu:.2f} s in 2 s idle after it")
+        kinds.setdefault(c.get("signature", c["why"]), []).append(Path(c.get("dir", "-")).name)
+    for signature, dirs in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        log(f"  {len(dirs):4d} x {signature}  [{', '.join(dirs[:5])}{', ...' if len(dirs) > 5 else ''}]")
+    if restarts:
+        log(f"node processes: {len(instances)} (the first, and one after each crash); the last: pid {instance['pid']}")
+    first = instances[0]
+    log(f"node fds:     start {first['start']['fds']}, max {max(i['peak']['fds'] for i in instances)}, "
+        f"end {end['fds']} (last process: start {instance['start']['fds']})")
+    log(f"node threads: start {first['start']['threads']}, max {max(i['peak']['threads'] for i in instances)}, "
+        f"end {end['threads']} (last process: start {instance['start']['threads']})")
+    log(f"node RSS:     start {first['start']['rss_kib']} KiB, max {max(i['peak']['rss_kib'] for i in instances)} KiB, "
+        f"end {end['rss_kib']} KiB (last process: start {instance['start']['rss_kib']} KiB)")
+    log(f"fds and threads of the last process back at its start values within 10 s: {'yes' if settled else 'NO'}; "
+        f"{idle_cpu:.2f} s of its CPU in 2 s idle after the run"
+        + (f"; node CPU {node_cpu:.1f} s over the run" if node_cpu is not None else ""))
     if campaign.crashes or args.keep:
         log(f"kept: {workdir}")
     else:
@@ -721,12 +771,12 @@ def replay(args):
         ports = node.ports[spec["kind"]]
         deliver(ports[spec["port_index"] % len(ports)], spec, data)
         if not node.alive():
-            log(f"genie-node died after {path.name}: {node.exit_description()}")
+            log(f"genie-node died after {path.name}: {node.crash_signature()}")
             log(node.stderr_text()[-3000:])
             return 1
     time.sleep(1)
     ok, why = real_session(node) if node.alive() else (False, node.exit_description())
-    log(f"{len(inputs)} inputs replayed; node {'survived and serves' if ok else 'FAILED: ' + why}")
+    log(f"{len(inputs)} inputs replayed; node {'survived and serves' if ok else 'FAILED: ' + node.crash_signature()}")
     if not ok:
         log(node.stderr_text()[-3000:])
     node.stop()
@@ -740,11 +790,14 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4, help="connections at once")
     parser.add_argument("--check-every", type=float, default=10.0, help="seconds of fuzzing between checks")
-    parser.add_argument("--crash-dir", default="fuzz-crashes")
+    parser.add_argument("--crash-dir", help="where inputs that killed the node go (default: a new "
+                        "directory under $TMPDIR or /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (pcap, seeds, node stderr)")
     parser.add_argument("--replay", metavar="DIR", help="replay a crash directory instead of fuzzing")
     args = parser.parse_args()
     os.environ["UCX_NET_DEVICES"] = "lo"   # loopback only, for the node and every client
+    if not args.replay and not args.crash_dir:
+        args.crash_dir = tempfile.mkdtemp(prefix="genie-fuzz-crashes.")
     os.environ.pop("UCX_TLS", None)
     for binary in ("genie-node", "node_client_peer"):
         if not (BIN / binary).exists():

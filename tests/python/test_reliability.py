@@ -9,6 +9,7 @@ import os
 import random
 import re
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -120,6 +121,20 @@ def node():
 def _client(port, host="127.0.0.1", **kwargs):
     import genie._C as C
     return C.Client(host, port, **kwargs)
+
+
+def _stop(pid):
+    """SIGSTOP `pid` and wait until every one of its threads is stopped (a signal is delivered
+    asynchronously: a thread that is running may still answer a message in between)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped():
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
+                    return False
+        return True
+    assert _wait_until(stopped, 5, step=0.001), f"process {pid} did not stop"
 
 
 def _wait_until(predicate, timeout, step=0.05):
@@ -276,14 +291,14 @@ def test_a_stopped_node_fails_the_client_within_2_5_s(node):
     n = node()
     c = _client(n.port, timeout_ms=60000)
     c.ping()
-    os.kill(n.pid, 19)  # SIGSTOP
+    _stop(n.pid)
     start = time.monotonic()
     try:
         with pytest.raises(GenieConnectionError):
             c.ping()
         assert time.monotonic() - start < 2.5
     finally:
-        os.kill(n.pid, 18)  # SIGCONT
+        os.kill(n.pid, signal.SIGCONT)
 
 
 def _hold(port, nbytes, *extra, netns=None, host="127.0.0.1"):
@@ -305,7 +320,7 @@ def test_a_stopped_client_has_its_session_freed_within_2_5_s(node):
     try:
         with _client(n.port) as observer:
             assert observer.stats()["sessions"] == 2
-            os.kill(peer.pid, 19)  # SIGSTOP
+            _stop(peer.pid)
             start = time.monotonic()
 
             def freed():

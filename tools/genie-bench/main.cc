@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("host", host, "client: the server's address")->capture_default_str();
   app.add_option("-p,--port", port, "port to listen on / connect to")->capture_default_str();
   app.add_option("-t,--tests", tests, "latency, bandwidth, put, get, rate")->delimiter(',')->capture_default_str();
-  app.add_option("-s,--sizes", sizes, "payload sizes in bytes (suffix K, M, G = 2^10, 2^20, 2^30)")
+  app.add_option("-s,--sizes", sizes, "payload sizes: 8, 64K, 1M = 1MiB = 2^20 bytes, 1MB = 10^6 (K, G alike)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("-n,--iterations", options.iterations, "measured iterations per test and size (0: by size)");

@@ -439,9 +439,11 @@ def mutate_chunks(rng, seed, seeds):
     return [c for c in chunks if c], mutations
 
 
-def make_input(rng, seeds, node: Node):
-    """One test case: the bytes, the port, how they are delivered."""
-    seed_index = rng.randrange(len(seeds))
+def make_input(rng, seeds, node: Node, ports="both"):
+    """One test case: the bytes, the port, how they are delivered. `ports`: "cm" or "tcp" keeps
+    to the seeds and ports of that kind; "both" mixes them."""
+    candidates = [i for i, s in enumerate(seeds) if ports in ("both", s.kind)]
+    seed_index = rng.choice(candidates)
     seed = seeds[seed_index]
     r = rng.random()
     if r < 0.05:
@@ -452,7 +454,7 @@ def make_input(rng, seeds, node: Node):
         chunks, mutations = mutate_chunks(rng, seed, seeds)
     data = b"".join(chunks)
     # The port: mostly one of the seed's kind; sometimes any.
-    kind = seed.kind if rng.random() < 0.8 or not node.ports["tcp"] else rng.choice(["cm", "tcp"])
+    kind = seed.kind if ports != "both" or rng.random() < 0.8 or not node.ports["tcp"] else rng.choice(["cm", "tcp"])
     port_index = rng.randrange(len(node.ports[kind]))
     # The delivery: turn by turn, waiting for the node's answer after each (as a real client
     # does), or with fixed small delays, or cut anywhere, or in one write.
@@ -567,7 +569,7 @@ class Campaign:
     def worker(self, worker_id, deadline, rng):
         while not self.stop_batch.is_set() and time.monotonic() < deadline:
             node = self.node
-            spec, data = make_input(rng, self.seeds, node)
+            spec, data = make_input(rng, self.seeds, node, self.args.ports)
             port = node.ports[spec["kind"]][spec["port_index"]]
             with self.lock:
                 spec["seq"] = len(self.batch)
@@ -792,6 +794,8 @@ def main():
     parser.add_argument("--check-every", type=float, default=10.0, help="seconds of fuzzing between checks")
     parser.add_argument("--crash-dir", help="where inputs that killed the node go (default: a new "
                         "directory under $TMPDIR or /tmp)")
+    parser.add_argument("--ports", choices=["both", "cm", "tcp"], default="both",
+                        help="fuzz the node's own port (cm: UCX's connection manager), the tcp transport's, or both")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (pcap, seeds, node stderr)")
     parser.add_argument("--replay", metavar="DIR", help="replay a crash directory instead of fuzzing")
     args = parser.parse_args()

@@ -144,8 +144,11 @@ Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::shared_ptr<EndpointState
 
 Endpoint::~Endpoint() {
   if (state_->closed.load()) return;
-  // Graceful, non-blocking close on the progress thread (this may run inside a callback).
-  worker_->post([worker = worker_.get(), state = state_] { worker->closeEndpointFromProgressThread(state, false); });
+  // Graceful (unless failed), non-blocking close on the progress thread (this may run inside a
+  // callback).
+  worker_->post([worker = worker_.get(), state = state_] {
+    worker->closeEndpointFromProgressThread(state, /*force=*/state->failed.load());
+  });
 }
 
 Status Endpoint::error() const {

@@ -759,6 +759,11 @@ void Worker::closeEndpointFromProgressThread(const std::shared_ptr<EndpointState
   state->close_started = true;
   state->closed = true;
   auto deadline = std::chrono::steady_clock::now() + config_.close_timeout;
+  // Only an established, healthy connection is flushed: a flush pending while the connection
+  // fails is released by UCX 1.22's error flow (ucp_ep_flush_resume_slow_path_callback on a
+  // destroyed endpoint), and the request this worker still holds then points at freed memory
+  // (perf/fuzz_connections.py --ports cm crashed the node in ucp_request_check_status here).
+  if (state->failed.load() || !state->established.load()) force = true;
   if (!force) {
     // Graceful: flush what is pending first, bounded by close_timeout, then force-close
     // (progressCloses).

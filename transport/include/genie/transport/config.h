@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "genie/status.h"
@@ -43,16 +45,23 @@ struct WorkerConfig {
   /// buffer). 0 keeps UCX's own choice ("auto").
   size_t rndv_threshold = 0;
 
-  /// Defaults overridden by the GENIE_* environment variables of kConfigTable.
+  /// Defaults overridden by the GENIE_* environment variables of configTable(); the first
+  /// invalid one fails with kInvalidArgument naming it.
   static Result<WorkerConfig> fromEnvironment();
 };
 
-/// One row of the configuration table.
+/// One row of the configuration table: the one declaration that both parses a setting from
+/// its environment variable and prints its effective value.
 struct ConfigEntry {
-  const char* env;          // GENIE_UCX_TLS
-  const char* default_text; // as printed
-  const char* type;         // "string", "duration ms", "size bytes", ...
+  const char* env;           // GENIE_UCX_TLS
+  std::string default_text;  // as printed
+  const char* type;          // "string", "duration ms", "size bytes", ...
   const char* help;
+  /// Sets the member from the variable's text; kInvalidArgument naming the variable when the
+  /// text is not a valid value.
+  std::function<Status(WorkerConfig&, std::string_view)> parse;
+  /// The member's value, as printed.
+  std::function<std::string(const WorkerConfig&)> format;
 };
 
 /// Every setting of the data plane, in the order printed.

@@ -31,6 +31,7 @@
 #include "bindings.h"
 #include "genie/client/client.h"
 #include "genie/log.h"
+#include "genie/transport/config.h"
 #include "genie/wire/torch_dtype.h"
 
 #ifndef GENIE_SOURCE_DIR
@@ -590,6 +591,27 @@ PYBIND11_MODULE(_C, m) {
       "RuntimeError for a tensor on another device or mismatched lengths.");
   m.def("protocol_version", [] { return wire::kProtocolVersion; },
         "The wire protocol version this extension speaks (int; a node with another refuses Hello).");
+  m.def(
+      "transport_config",
+      [] {
+        // The data plane's table (transport/src/config.cc) with this environment's values.
+        auto config = transport::WorkerConfig::fromEnvironment();
+        py::list rows;
+        for (const auto& entry : transport::configTable()) {
+          py::dict row;
+          row["name"] = entry.env;
+          row["type"] = entry.type;
+          row["default"] = entry.default_text;
+          row["value"] = config ? py::cast(entry.format(*config)) : py::none();
+          row["help"] = entry.help;
+          rows.append(row);
+        }
+        if (!config) throw py::value_error(config.status().message());
+        return rows;
+      },
+      "transport_config() -> list[dict]: the data plane's settings (name, type, default, value as "
+      "read from the environment, help), from the transport's own table. ValueError naming the "
+      "variable when one is invalid.");
   m.def("node_binary", &nodeBinary,
         "Path (str) of a genie-node executable: the one installed next to this module (genie/bin/"
         "genie-node), else <repo>/build/bin/genie-node. FileNotFoundError naming both otherwise.");

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import config
 from .errors import GenieConnectionError, GenieError
 
 
@@ -54,7 +55,7 @@ class EmbeddedNode:
 
     def __init__(self, device: str = "cpu") -> None:
         from . import _C
-        self.binary = os.environ.get("GENIE_NODE_BIN") or _C.node_binary()
+        self.binary = config.get("GENIE_NODE_BIN") or _C.node_binary()
         self.device = device
         self.token = secrets.token_hex(16)
         self.process: subprocess.Popen | None = None
@@ -162,18 +163,18 @@ def init(server=None, auth_token: str | None = None, timeout_ms: int | None = No
         if _session is not None:
             _shutdown_locked()
         from . import _C
-        server = server if server is not None else os.environ.get("GENIE_SERVER")
-        timeout_ms = timeout_ms or int(os.environ.get("GENIE_TIMEOUT_MS", "60000"))
+        server = server if server is not None else config.get("GENIE_SERVER")
+        timeout_ms = timeout_ms or config.get("GENIE_TIMEOUT_MS")
         if keep_host_copy is None:
-            keep_host_copy = os.environ.get("GENIE_KEEP_HOST_COPY", "0") not in ("", "0")
+            keep_host_copy = config.get("GENIE_KEEP_HOST_COPY")
         if server:
             servers = parse_servers(server)
             if not servers:
                 raise ValueError("genie.init: no server given")
-            token = auth_token if auth_token is not None else os.environ.get("GENIE_AUTH_TOKEN", "")
+            token = auth_token if auth_token is not None else config.get("GENIE_AUTH_TOKEN")
             _session = Session(servers, token, None, timeout_ms, keep_host_copy)
         else:
-            node = EmbeddedNode(os.environ.get("GENIE_EMBEDDED_DEVICE", "cpu"))  # started on first connect
+            node = EmbeddedNode(config.get("GENIE_EMBEDDED_DEVICE"))  # started on first connect
             _session = Session([NodeAddress("127.0.0.1", 0)], node.token, node, timeout_ms, keep_host_copy)
         _C.set_device_count(len(_session.servers))
         return _session

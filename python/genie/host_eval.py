@@ -22,13 +22,13 @@ host copies again (`Storage.written`): a write would make copies of its views st
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from . import config
 from .graph import Constant, Value
 
-enabled = os.environ.get("GENIE_HOST_EVAL", "1") != "0"
+enabled = config.get("GENIE_HOST_EVAL")
 MAX_BYTES = 64 * 1024  # a tensor larger than this is never kept or computed on the host (bytes)
 MAX_NODES = 64         # ops one read may evaluate on the host
 

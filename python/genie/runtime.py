@@ -45,7 +45,7 @@ import weakref
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import _C
+from . import _C, config
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
 from .host_eval import host_copy_of_upload, host_value
@@ -696,9 +696,9 @@ def async_chunk_for(device: str, address: str) -> int:
     decode step (15-17 -> 30-42 ms) and made the step no shorter; with client and node pinned
     to separate cores they made it 10-13% shorter (docs/perf/models.md, 2026-11-22, commit
     2b1e133). A GPU node, or a node on another host, computes beside the program."""
-    env = os.environ.get("GENIE_ASYNC_CHUNK")
-    if env is not None:
-        return max(int(env), 0)
+    chunk = config.get("GENIE_ASYNC_CHUNK")
+    if chunk is not None:
+        return chunk
     host = address.rsplit(":", 1)[0].strip("[]")
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -834,7 +834,6 @@ def runtime_for(device: torch.device) -> Runtime:
 
 
 _gc_tuned = False
-_GC_YOUNG_THRESHOLD = 50_000
 
 
 def _tune_gc_once() -> None:
@@ -862,11 +861,11 @@ def _tune_gc_once() -> None:
         return
     _gc_tuned = True
     import gc
-    threshold = int(os.environ.get("GENIE_GC_THRESHOLD", _GC_YOUNG_THRESHOLD))
+    threshold = config.get("GENIE_GC_THRESHOLD")
     young, *older = gc.get_threshold()
     if threshold > young:
         gc.set_threshold(threshold, *older)
-    if os.environ.get("GENIE_GC_FREEZE", "1") == "0":
+    if not config.get("GENIE_GC_FREEZE"):
         return
     import atexit
     gc.collect()

@@ -42,7 +42,7 @@ void BM_ExecutorChain(benchmark::State& state) {
   node::Executor executor(c10::Device(c10::kCPU));
   auto bytes = chainGraph();
   auto graph = wire::verifyGraph(wire::bytesOf(bytes));
-  auto compiled = std::get<std::shared_ptr<const node::CompiledGraph>>(executor.compile(**graph));
+  auto compiled = *executor.compile(**graph);
   std::vector<at::Tensor> inputs = {at::randn({16, 16}), at::full({16, 16}, 0.999f)};
   for (auto _ : state) {
     auto values = executor.run(*compiled, inputs, {});

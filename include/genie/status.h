@@ -1,11 +1,13 @@
 // Status: Genie's error value inside the C++ core (transport, wire, node).
 //
 // Errors that cross threads or layers are values, not exceptions: a `Status` carries a code,
-// a message naming what failed, and the file:line where it was decided. Exceptions are used
-// only at the libtorch boundary and in the Python binding. `Result<T>` is a value or a Status.
+// a message naming what failed, the file:line where it was decided and, for a request that a
+// node refused or failed, the node's detail (RemoteDetail). Exceptions are used only at the
+// libtorch boundary and in the Python binding. `Result<T>` is a value or a Status.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,6 +36,17 @@ enum class StatusCode : uint16_t {
 
 std::string_view statusCodeName(StatusCode code);
 
+/// What a node says of a request it refused or failed: made by the node (its executor and
+/// service), sent in its Error reply (schemas/genie.fbs `Error`), and found again in the
+/// client's kRemote Status, so that a caller can raise what eager PyTorch raises.
+struct RemoteDetail {
+  uint16_t code = 0;         // the wire ErrorCode (genie/wire/codec.h: wire::errorCodeOf)
+  int32_t op_index = -1;     // the failing op's index in the graph, -1 if no op failed
+  std::string op_name;       // the failing op's schema name, "aten::addmm.default"; "" if none
+  std::string message;       // the node's own message: for an op, what the op raised (eager's text)
+  std::string error_class;   // the C++ exception class the op raised, "c10::IndexError"; "" if none
+};
+
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
@@ -48,6 +61,15 @@ class [[nodiscard]] Status {
   const char* file() const { return file_; }
   int line() const { return line_; }
 
+  /// The node's detail of a refused or failed request, else nullptr.
+  const RemoteDetail* remote() const { return remote_.get(); }
+  /// This status with `detail` attached (shared, immutable).
+  Status withRemote(RemoteDetail detail) const {
+    Status out = *this;
+    out.remote_ = std::make_shared<const RemoteDetail>(std::move(detail));
+    return out;
+  }
+
   /// "kTimeout: flush of endpoint to 127.0.0.1:5000 did not finish in 2000 ms (endpoint.cc:120)"
   std::string toString() const;
 
@@ -56,6 +78,7 @@ class [[nodiscard]] Status {
   std::string message_;
   const char* file_ = "";
   int line_ = 0;
+  std::shared_ptr<const RemoteDetail> remote_;
 };
 
 /// A value or the Status explaining why there is none.

@@ -3,7 +3,8 @@
 // releases the GIL while it waits. Status values become the exceptions of genie.errors
 // (imported lazily; RuntimeError if it cannot be imported):
 //   kPeerUnreachable, kTimeout          -> GenieConnectionError (message names host:port)
-//   kRemote (the node's Error reply)    -> GenieRemoteError(message, code, op_index, op_name, node_message)
+//   kRemote (the node's Error reply)    -> genie.errors.remote_error(...): a GenieRemoteError that is
+//                                          also the class eager raises (IndexError, ...)
 //   anything else                       -> GenieError
 // Argument mistakes raise TypeError / ValueError before anything is sent.
 //
@@ -60,43 +61,38 @@ std::string codeNameOf(const std::string& message) {
   return message.substr(0, end == std::string::npos ? message.size() : end);
 }
 
-/// The genie.errors exception for a failed status. Call with the GIL held.
-/// `remote`: the parts of the node's Error reply, when the client still exists.
-py::object errorOf(const Status& status, const std::string& address, const client::RemoteError* remote = nullptr) {
+/// The genie.errors exception for a failed status. Call with the GIL held. A kRemote status
+/// with the node's RemoteDetail becomes genie.errors.remote_error(...): a GenieRemoteError that
+/// is also the Python class eager raises for the op's C++ exception (IndexError, ...).
+py::object errorOf(const Status& status, const std::string& address) {
   std::string message = status.message();
-  py::object error;
   switch (status.code()) {
     case StatusCode::kPeerUnreachable:
     case StatusCode::kTimeout:
       if (message.find(address) == std::string::npos) message = "genie-node " + address + ": " + message;
-      error = errorClass("GenieConnectionError")(message);
-      break;
+      return errorClass("GenieConnectionError")(message);
     case StatusCode::kRemote: {
-      py::object cls = errorClass("GenieRemoteError");
-      if (cls.ptr() == PyExc_RuntimeError) {
-        error = cls(message);
-      } else if (remote != nullptr) {
-        error = cls(message, py::arg("code") = std::string(wire::errorCodeName(remote->code)),
+      py::object make = errorClass("remote_error");
+      if (make.ptr() == PyExc_RuntimeError) return make(message);
+      if (const RemoteDetail* remote = status.remote()) {
+        return make(message, py::arg("code") = std::string(wire::errorCodeName(static_cast<wire::ErrorCode>(remote->code))),
                     py::arg("op_index") = remote->op_index, py::arg("op_name") = remote->op_name,
-                    py::arg("node_message") = remote->message);
-      } else {  // refused at Hello: only the message is left
-        std::string code = codeNameOf(message);
-        size_t colon = message.find(": ");
-        error = cls(message, py::arg("code") = code, py::arg("op_index") = -1, py::arg("op_name") = "",
-                    py::arg("node_message") = colon == std::string::npos ? message : message.substr(colon + 2));
+                    py::arg("node_message") = remote->message, py::arg("error_class") = remote->error_class);
       }
-      break;
+      // No detail left (a status rebuilt from a message): the code is at its front.
+      std::string code = codeNameOf(message);
+      size_t colon = message.find(": ");
+      return make(message, py::arg("code") = code, py::arg("op_index") = -1, py::arg("op_name") = "",
+                  py::arg("node_message") = colon == std::string::npos ? message : message.substr(colon + 2));
     }
     default:
-      error = errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);
+      return errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);
   }
-  return error;
 }
 
 /// Raises errorOf(status, ...).
-[[noreturn]] void raiseStatus(const Status& status, const std::string& address,
-                              const client::RemoteError* remote = nullptr) {
-  py::object error = errorOf(status, address, remote);
+[[noreturn]] void raiseStatus(const Status& status, const std::string& address) {
+  py::object error = errorOf(status, address);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
 }
@@ -429,7 +425,7 @@ class PyClient {
     auto failures = withoutGil([&] { return live().takeAsyncFailures(wait); });
     py::list out;
     for (const client::AsyncFailure& failure : failures) {
-      out.append(py::make_tuple(failure.request_id, errorOf(failure.status, address_, &failure.remote)));
+      out.append(py::make_tuple(failure.request_id, errorOf(failure.status, address_)));
     }
     return out;
   }
@@ -490,7 +486,7 @@ class PyClient {
 
   /// Raises for a failed status (GIL held).
   void check(const Status& status) const {
-    if (!status) raiseStatus(status, address_, &client_->lastRemoteError());
+    if (!status) raiseStatus(status, address_);
   }
   template <typename T>
   void check(const Result<T>& result) const {

@@ -82,7 +82,6 @@ struct Client::Impl {
   size_t async_in_flight = 0;
   std::vector<AsyncFailure> async_failures;
   std::condition_variable async_done;
-  RemoteError last_error;
   bool closed = false;
   // Set once the node said Goodbye (it is shutting down): every request then fails with it.
   std::atomic<bool> node_left{false};
@@ -133,14 +132,11 @@ struct Client::Impl {
   /// say which. Every request waiting now fails with it (rather than waiting for its timeout).
   void failAllPending(const wire::Error& error) {
     GENIE_LOG_WARN("genie-node {} refused a message: {}", peer, wire::stringOf(error.message()));
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      last_error = remoteErrorOf(error);
-    }
+    Status refused = wire::remoteStatus(error);
     failPending(Status(StatusCode::kRemote,
-                       fmt::format("{}: {} (genie-node {} refused a request it could not read)",
-                                   wire::errorCodeName(error.code()), wire::stringOf(error.message()), peer),
-                       __FILE__, __LINE__));
+                       fmt::format("{} (genie-node {} refused a request it could not read)", refused.message(), peer),
+                       __FILE__, __LINE__)
+                    .withRemote(*refused.remote()));
   }
 
   /// The node said Goodbye (a clean stop): every request waiting, and every later one, fails
@@ -175,7 +171,7 @@ struct Client::Impl {
     }
     for (auto& [id, waiting] : failed) {
       if (waiting->async) {
-        asyncRunAnswered({id, status, {}});
+        asyncRunAnswered({id, status});
       } else {
         waiting->finish(status);
       }
@@ -187,14 +183,13 @@ struct Client::Impl {
   void finishAsync(uint64_t id, const wire::Message& msg) {
     if (msg.body_type() == wire::Body::RunResult) {
       node_exec_us += msg.body_as_RunResult()->exec_us();
-      return asyncRunAnswered({id, Status::ok(), {}});
+      return asyncRunAnswered({id, Status::ok()});
     }
     if (msg.body_type() != wire::Body::Error) {
       return asyncRunAnswered({id, GENIE_ERROR(kInvalidMessage, "genie-node {} answered a RunGraph with {}", peer,
-                                                 wire::bodyName(msg.body_type())), {}});
+                                                 wire::bodyName(msg.body_type()))});
     }
-    RemoteError remote = remoteErrorOf(*msg.body_as_Error());
-    asyncRunAnswered({id, remoteStatus(remote), std::move(remote)});
+    asyncRunAnswered({id, wire::remoteStatus(*msg.body_as_Error())});
   }
 
   /// One asynchronous run answered (or failed to go out): kept when `failure.status` is an error.
@@ -205,10 +200,6 @@ struct Client::Impl {
     async_done.notify_all();
   }
 
-  static RemoteError remoteErrorOf(const wire::Error& error) {
-    return {error.code(), error.op_index(), std::string(wire::stringOf(error.op_name())),
-            std::string(wire::stringOf(error.message()))};
-  }
 
   /// kCancelled when the client is closed, kPeerUnreachable when the connection failed:
   /// a message that gets no reply could not report either.
@@ -219,12 +210,6 @@ struct Client::Impl {
     return Status::ok();
   }
 
-  /// "<ErrorCode> [op <index> (<op name>)]: <node's message>" as kRemote.
-  static Status remoteStatus(const RemoteError& error) {
-    std::string where = error.op_index >= 0 ? fmt::format(" op {} ({})", error.op_index, error.op_name) : std::string();
-    return Status(StatusCode::kRemote, fmt::format("{}{}: {}", wire::errorCodeName(error.code), where, error.message),
-                  __FILE__, __LINE__);
-  }
 
   /// Sends a message that gets no reply; `header` is copied by the transport.
   void sendOneWay(const flatbuffers::DetachedBuffer& header) {
@@ -312,9 +297,7 @@ struct Client::Impl {
     Reply reply{std::move(waiting->header), std::move(waiting->payload)};
     const wire::Message* msg = reply.message();
     if (msg->body_type() == wire::Body::Error) {
-      const wire::Error* error = msg->body_as_Error();
-      last_error = remoteErrorOf(*error);
-      return remoteStatus(last_error);
+      return wire::remoteStatus(*msg->body_as_Error());
     }
     return reply;
   }
@@ -442,7 +425,6 @@ ClientCounters Client::counters() const {
   return {impl_->bytes_sent.load(), impl_->bytes_received.load(), impl_->messages_sent.load(),
           impl_->round_trips.load(), impl_->async_runs.load(), impl_->node_exec_us.load()};
 }
-const RemoteError& Client::lastRemoteError() const { return impl_->last_error; }
 
 Status Client::putTensor(const wire::Handle& handle, const wire::TensorDescArgs& desc, wire::Residency residency,
                          std::span<const std::byte> bytes) {
@@ -547,7 +529,7 @@ Result<uint64_t> Client::runGraphAsync(const wire::RunGraphArgs& run, std::span<
       std::lock_guard<std::mutex> lock(impl.pending_mutex);
       if (impl.pending.erase(id) == 0) return;
     }
-    impl.asyncRunAnswered({id, std::move(s), {}});
+    impl.asyncRunAnswered({id, std::move(s)});
   });
   return id;
 }
@@ -564,7 +546,7 @@ std::vector<AsyncFailure> Client::takeAsyncFailures(bool wait) {
       }
       impl.async_failures.push_back(
           {it->first, GENIE_ERROR(kTimeout, "genie-node {} did not answer an asynchronous RunGraph in {} ms",
-                                  impl.peer, impl.options.timeout.count()), {}});
+                                  impl.peer, impl.options.timeout.count())});
       it = impl.pending.erase(it);
     }
     impl.async_in_flight = 0;

@@ -7,6 +7,7 @@
 #include <ATen/ScalarOps.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <fmt/format.h>
 #include <torch/library.h>
 
@@ -48,11 +49,6 @@ TORCH_LIBRARY(genie, m) {
 namespace genie::node {
 
 using wire::Value;
-
-std::string ExecutionError::toString() const {
-  if (op_index < 0) return fmt::format("{}: {}", wire::errorCodeName(code), message);
-  return fmt::format("{}: op {} ({}): {}", wire::errorCodeName(code), op_index, op_name, message);
-}
 
 /// How one schema argument gets its IValue at run time.
 struct BoundArgument {
@@ -374,7 +370,7 @@ std::optional<c10::ScalarType> Executor::scalarType(wire::DType dtype) { return 
 
 wire::DType Executor::wireDType(c10::ScalarType type) { return wire::wireDTypeOf(type); }
 
-ExecResult<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph& graph) const {
+Result<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph& graph) const {
   auto compiled = std::make_shared<CompiledGraph>();
   compiled->num_inputs_ = graph.inputs() ? graph.inputs()->size() : 0;
   compiled->input_handles_.resize(compiled->num_inputs_);
@@ -388,7 +384,7 @@ ExecResult<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::G
     const wire::Node& wire_node = *nodes->Get(index);
     std::string name = operatorName(wire_node);
     auto fail = [&](wire::ErrorCode code, std::string message) {
-      return ExecutionError{code, static_cast<int32_t>(index), name, std::move(message)};
+      return wire::requestError(code, std::move(message), static_cast<int32_t>(index), name);
     };
     std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(
         {std::string(wire::stringOf(wire_node.op())), std::string(wire::stringOf(wire_node.overload()))});
@@ -474,16 +470,16 @@ int64_t slotInt(const ScalarSlotValue& value) {
 
 }  // namespace
 
-ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
-                                                  std::span<const ScalarSlotValue> scalars,
-                                                  const std::optional<std::string>* out_of_memory) const {
+Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
+                                              std::span<const ScalarSlotValue> scalars,
+                                              const std::optional<std::string>* out_of_memory) const {
   if (inputs.size() != graph.numInputs()) {
-    return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
-                          fmt::format("the graph takes {} tensor inputs, {} given", graph.numInputs(), inputs.size())};
+    return wire::requestError(wire::ErrorCode::SchemaMismatch,
+                              fmt::format("the graph takes {} tensor inputs, {} given", graph.numInputs(), inputs.size()));
   }
   if (scalars.size() != graph.numScalarInputs()) {
-    return ExecutionError{wire::ErrorCode::SchemaMismatch, -1, "",
-                          fmt::format("the graph takes {} scalars, {} given", graph.numScalarInputs(), scalars.size())};
+    return wire::requestError(wire::ErrorCode::SchemaMismatch, fmt::format("the graph takes {} scalars, {} given",
+                                                                           graph.numScalarInputs(), scalars.size()));
   }
   // Captured graphs are below autograd already (the frontend records at __torch_dispatch__,
   // where backward ops appear as ops of their own), so the node runs them without it.
@@ -531,19 +527,23 @@ ExecResult<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, st
         case BoundArgument::Kind::kScalarSlot: stack.push_back(slotValue(scalars[arg.slot], arg.slot_as)); break;
       }
     }
-    auto fail = [&](wire::ErrorCode code, std::string message) {
-      return ExecutionError{code, static_cast<int32_t>(index), node.name, std::move(message)};
+    auto fail = [&](wire::ErrorCode code, std::string message, std::string error_class = {}) {
+      return wire::requestError(code, std::move(message), static_cast<int32_t>(index), node.name,
+                                std::move(error_class));
     };
     try {
       node.op.callBoxed(stack);
     } catch (const c10::OutOfMemoryError& e) {
-      return fail(wire::ErrorCode::OutOfMemory, e.what_without_backtrace());
+      return fail(wire::ErrorCode::OutOfMemory, e.what_without_backtrace(), c10::demangle(typeid(e).name()));
     } catch (const c10::Error& e) {
-      return fail(wire::ErrorCode::TorchError, e.what_without_backtrace());
+      // The dynamic class (c10::IndexError, c10::ValueError, ...): the client raises the
+      // Python exception eager would (torch/csrc/Exceptions.h maps them the same way).
+      return fail(wire::ErrorCode::TorchError, e.what_without_backtrace(), c10::demangle(typeid(e).name()));
     } catch (const std::bad_alloc& e) {
-      return fail(wire::ErrorCode::OutOfMemory, fmt::format("the host could not allocate memory ({})", e.what()));
+      return fail(wire::ErrorCode::OutOfMemory, fmt::format("the host could not allocate memory ({})", e.what()),
+                  "std::bad_alloc");
     } catch (const std::exception& e) {
-      return fail(wire::ErrorCode::TorchError, e.what());
+      return fail(wire::ErrorCode::TorchError, e.what(), c10::demangle(typeid(e).name()));
     }
     if (out_of_memory != nullptr && out_of_memory->has_value()) {
       return fail(wire::ErrorCode::OutOfMemory, **out_of_memory);

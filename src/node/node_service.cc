@@ -58,15 +58,6 @@ wire::Handle randomHandle() {
   return wire::Handle(words[0], words[1]);
 }
 
-/// A failed request: the wire error to answer with.
-struct RequestError {
-  RequestError(ErrorCode code, std::string message, int32_t op_index = -1, std::string op_name = {})
-      : code(code), message(std::move(message)), op_index(op_index), op_name(std::move(op_name)) {}
-  ErrorCode code;
-  std::string message;
-  int32_t op_index;
-  std::string op_name;
-};
 
 /// Failed Hellos (wrong token) a connection may send before it is closed.
 constexpr int kMaxFailedHellos = 3;
@@ -191,8 +182,10 @@ struct NodeService::Impl {
     stats.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
     return stats;
   }
-  void replyError(Endpoint& to, uint64_t request_id, const RequestError& error) {
-    reply(to, wire::buildError(request_id, error.code, error.message, error.op_index, error.op_name));
+  /// Answers a failed request: its RemoteDetail (wire::requestError, the executor), else the
+  /// nearest ErrorCode to its StatusCode.
+  void replyError(Endpoint& to, uint64_t request_id, const Status& error) {
+    reply(to, wire::buildError(request_id, error));
   }
 };
 
@@ -225,24 +218,24 @@ struct Session {
 
   void run();
   void handle(InboundMessage& message, const wire::Message& msg);
-  std::optional<RequestError> putTensors(InboundMessage& message, const wire::PutTensors& put);
+  Status putTensors(InboundMessage& message, const wire::PutTensors& put);
   void getTensors(uint64_t id, const wire::GetTensors& get);
   void registerGraph(uint64_t id, const wire::RegisterGraph& reg);
   void runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run);
   /// Makes `tensor` resident under `handle`, reserving its storage's bytes unless another
   /// handle holds the storage already, or `reserved` (the caller reserved them).
-  std::optional<RequestError> store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
+  Status store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
                                     bool reserved = false);
   bool release(const wire::Handle& handle);
   Status receive(InboundMessage& message, void* destination, size_t bytes);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
                    uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
   /// Binds every graph input: RunGraph.inputs first, then the graph's bound handles.
-  std::optional<RequestError> bindInputs(InboundMessage& message, const wire::RunGraph& run, const CompiledGraph& graph,
+  Status bindInputs(InboundMessage& message, const wire::RunGraph& run, const CompiledGraph& graph,
                                          std::vector<at::Tensor>& inputs);
   /// Applies RunGraph.outputs to the run's values: keeps, returns and describes them. All or
   /// nothing: on an error the outputs kept so far are released.
-  std::optional<RequestError> applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
+  Status applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
                                            std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
                                            std::vector<wire::TensorSlotArgs>& described);
 
@@ -296,7 +289,7 @@ void Session::run() {
     try {
       handle(*message, *msg);
     } catch (const std::exception& e) {
-      node.replyError(*endpoint, msg->request_id(), {ErrorCode::Internal, e.what()});
+      node.replyError(*endpoint, msg->request_id(), wire::requestError(ErrorCode::Internal, e.what()));
     }
   }
   // The session ends: everything it held is freed.
@@ -306,10 +299,10 @@ void Session::run() {
   GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id), endpoint->peer());
 }
 
-std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
+Status Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
                                            bool reserved) {
   if (tensors.count(handle)) {
-    return RequestError{ErrorCode::DuplicateHandle, fmt::format("handle {} is already in use", wire::toString(handle))};
+    return wire::requestError(ErrorCode::DuplicateHandle, fmt::format("handle {} is already in use", wire::toString(handle)));
   }
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   StorageUse& use = storages[storage];
@@ -319,13 +312,13 @@ std::optional<RequestError> Session::store(const wire::Handle& handle, at::Tenso
     if (!reserved) {
       if (auto error = node.memory.reserve(memory, use.bytes, residency)) {
         storages.erase(storage);
-        return RequestError{ErrorCode::OutOfMemory, std::move(*error)};
+        return wire::requestError(ErrorCode::OutOfMemory, std::move(*error));
       }
     }
   }
   ++use.refs;
   tensors.emplace(handle, Entry{std::move(tensor), residency});
-  return std::nullopt;
+  return Status::ok();
 }
 
 bool Session::release(const wire::Handle& handle) {
@@ -360,7 +353,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
   const uint64_t id = msg.request_id();
   switch (msg.body_type()) {
     case wire::Body::PutTensors: {
-      if (auto error = putTensors(message, *msg.body_as_PutTensors())) return node.replyError(*endpoint, id, *error);
+      if (Status error = putTensors(message, *msg.body_as_PutTensors()); !error) return node.replyError(*endpoint, id, error);
       node.reply(*endpoint, wire::buildAck(id, msg.body_as_PutTensors()->tensors()->size()));
       return;
     }
@@ -376,12 +369,12 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
     case wire::Body::RunGraph: return runGraph(id, message, *msg.body_as_RunGraph());
     case wire::Body::StatsRequest: return node.reply(*endpoint, wire::buildStats(id, node.collectStats()));
     default:
-      node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
-                                      fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))});
+      node.replyError(*endpoint, id, wire::requestError(ErrorCode::InvalidMessage,
+                                      fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))));
   }
 }
 
-std::optional<RequestError> Session::putTensors(InboundMessage& message, const wire::PutTensors& put) {
+Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put) {
   const auto* slots = put.tensors();
   // Each tensor's bytes are reserved before its payload is received: an upload over the
   // session's quota or the node's limit is refused without pulling its bytes (rendezvous).
@@ -391,7 +384,7 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
       node.memory.release(memory, slots->Get(i)->desc()->nbytes(), slots->Get(i)->residency());
     }
   };
-  auto refuse = [&](RequestError error) {
+  auto refuse = [&](Status error) {
     unreserve();
     message.releasePayload();
     return error;
@@ -399,11 +392,11 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
   for (; reserved < slots->size(); ++reserved) {
     const wire::TensorSlot* slot = slots->Get(reserved);
     if (tensors.count(*slot->handle())) {
-      return refuse({ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
-                                                             reserved, wire::toString(*slot->handle()))});
+      return refuse(wire::requestError(ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
+                                                             reserved, wire::toString(*slot->handle()))));
     }
     if (auto error = node.memory.reserve(memory, slot->desc()->nbytes(), slot->residency())) {
-      return refuse({ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)});
+      return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)));
     }
   }
   std::vector<at::Tensor> made;
@@ -412,17 +405,17 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
       made.push_back(allocate(*slots->Get(i)->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
     }
   } catch (const std::exception& e) {
-    return refuse({ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", made.size(), e.what())});
+    return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", made.size(), e.what())));
   }
   // Payload: straight into the storage when it is one tensor, else one staging copy.
   if (message.payloadSize() > 0) {
     if (slots->size() == 1 && slots->Get(0)->payload_offset() == 0 && made[0].storage().nbytes() == message.payloadSize()) {
       Status received = receive(message, storageBytes(made[0]), message.payloadSize());
-      if (!received) return refuse({ErrorCode::PeerUnreachable, received.message()});
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
     } else {
       std::vector<std::byte> staging(message.payloadSize());
       Status received = receive(message, staging.data(), staging.size());
-      if (!received) return refuse({ErrorCode::PeerUnreachable, received.message()});
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
       for (uint32_t i = 0; i < slots->size(); ++i) {
         const auto* slot = slots->Get(i);
         std::memcpy(storageBytes(made[i]), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
@@ -433,15 +426,15 @@ std::optional<RequestError> Session::putTensors(InboundMessage& message, const w
     const auto* slot = slots->Get(i);
     made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
     // Reserved above, each a new storage. A handle named twice in this message fails here.
-    if (auto error = store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true)) {
+    if (Status error = store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
       for (uint32_t j = i; j < slots->size(); ++j) {
         node.memory.release(memory, slots->Get(j)->desc()->nbytes(), slots->Get(j)->residency());
       }
       for (uint32_t j = 0; j < i; ++j) release(*slots->Get(j)->handle());
-      return RequestError{error->code, fmt::format("PutTensors.tensors[{}]: {}", i, error->message)};
+      return wire::requestError(wire::errorCodeOf(error), fmt::format("PutTensors.tensors[{}]: {}", i, error.message()));
     }
   }
-  return std::nullopt;
+  return Status::ok();
 }
 
 void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
@@ -473,7 +466,7 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
     contiguous.push_back(std::move(t));
   }
   auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described) : wire::buildTensorData(id, slots);
-  if (!header) return node.replyError(*endpoint, id, {ErrorCode::Internal, header.status().message()});
+  if (!header) return node.replyError(*endpoint, id, wire::requestError(ErrorCode::Internal, header.status().message()));
   if (contiguous.size() == 1 && contiguous[0].defined() && layout.size() == contiguous[0].nbytes()) {
     auto keep = std::make_shared<at::Tensor>(contiguous[0]);
     node.reply(*endpoint, *header, {keep->data_ptr(), layout.size()}, keep);
@@ -494,9 +487,9 @@ void Session::getTensors(uint64_t id, const wire::GetTensors& get) {
     const wire::Handle& handle = *get.handles()->Get(i);
     auto it = tensors.find(handle);
     if (it == tensors.end()) {
-      return node.replyError(*endpoint, id, {ErrorCode::UnknownHandle,
+      return node.replyError(*endpoint, id, wire::requestError(ErrorCode::UnknownHandle,
                                              fmt::format("GetTensors.handles[{}]: no tensor {} in this session", i,
-                                                         wire::toString(handle))});
+                                                         wire::toString(handle))));
     }
     out.emplace_back(handle, it->second.tensor);
   }
@@ -514,10 +507,8 @@ void Session::registerGraph(uint64_t id, const wire::RegisterGraph& reg) {
   }
   const wire::Graph* graph = reg.graph_nested_root();
   auto compiled = node.executor.compile(*graph);
-  if (auto* error = std::get_if<ExecutionError>(&compiled)) {
-    return node.replyError(*endpoint, id, {error->code, error->message, error->op_index, error->op_name});
-  }
-  auto ready = std::get<std::shared_ptr<const CompiledGraph>>(compiled);
+  if (!compiled) return node.replyError(*endpoint, id, compiled.status());
+  std::shared_ptr<const CompiledGraph> ready = *compiled;
   {
     std::lock_guard<std::mutex> lock(node.graphs_mutex);
     node.graphs.emplace(graph_id, ready);
@@ -537,65 +528,63 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
   }
   if (!graph) {
     message.releasePayload();
-    return node.replyError(*endpoint, id, {ErrorCode::UnknownGraph,
-                                           fmt::format("graph {} is not registered", wire::toString(*run.graph_id()))});
+    return node.replyError(*endpoint, id, wire::requestError(ErrorCode::UnknownGraph,
+                                           fmt::format("graph {} is not registered", wire::toString(*run.graph_id()))));
   }
   std::vector<at::Tensor> inputs(graph->numInputs());
-  if (auto error = bindInputs(message, run, *graph, inputs)) return node.replyError(*endpoint, id, *error);
+  if (Status error = bindInputs(message, run, *graph, inputs); !error) return node.replyError(*endpoint, id, error);
   std::vector<ScalarSlotValue> scalars(graph->numScalarInputs(), int64_t{0});
   const auto* scalar_bindings = run.scalars();
   for (uint32_t i = 0; scalar_bindings && i < scalar_bindings->size(); ++i) {
     const wire::ScalarBinding* s = scalar_bindings->Get(i);
     if (s->slot() >= scalars.size()) {
-      return node.replyError(*endpoint, id, {ErrorCode::InvalidMessage,
-                                             fmt::format("RunGraph.scalars[{}]: slot {} out of range", i, s->slot())});
+      return node.replyError(*endpoint, id, wire::requestError(ErrorCode::InvalidMessage,
+                                             fmt::format("RunGraph.scalars[{}]: slot {} out of range", i, s->slot())));
     }
     if (s->value_type() == wire::Value::IntValue) scalars[s->slot()] = s->value_as_IntValue()->v();
     if (s->value_type() == wire::Value::DoubleValue) scalars[s->slot()] = s->value_as_DoubleValue()->v();
     if (s->value_type() == wire::Value::BoolValue) scalars[s->slot()] = s->value_as_BoolValue()->v();
   }
   auto start = Clock::now();
-  ExecResult<std::vector<at::Tensor>> result;
+  Result<std::vector<at::Tensor>> result = Status(StatusCode::kInternal, "the run did not run");
   {
     // The run's allocations count against the session's quota and the node's limit.
     RunMemoryScope run_memory(node.memory, memory);
     result = node.executor.run(*graph, inputs, scalars, &run_memory.over());
   }
-  if (auto* error = std::get_if<ExecutionError>(&result)) {
-    return node.replyError(*endpoint, id, {error->code, error->message, error->op_index, error->op_name});
-  }
+  if (!result) return node.replyError(*endpoint, id, result.status());
   node.ops_executed += graph->nodes().size();
   auto exec_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   std::vector<std::pair<wire::Handle, at::Tensor>> returned;
   std::vector<wire::TensorSlotArgs> described;
-  if (auto error = applyOutputs(run, std::get<std::vector<at::Tensor>>(result), returned, described)) {
-    return node.replyError(*endpoint, id, *error);
+  if (Status error = applyOutputs(run, *result, returned, described); !error) {
+    return node.replyError(*endpoint, id, error);
   }
   sendTensors(id, true, returned, static_cast<uint64_t>(exec_us), described);
 }
 
-std::optional<RequestError> Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
+Status Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
                                                 const CompiledGraph& graph, std::vector<at::Tensor>& inputs) {
   // Explicit bindings: resident tensors by handle, or small tensors inline in the payload.
   std::vector<std::byte> staging;
   if (message.payloadSize() > 0) {
     staging.resize(message.payloadSize());
     if (Status received = receive(message, staging.data(), staging.size()); !received) {
-      return RequestError{ErrorCode::PeerUnreachable, received.message()};
+      return wire::requestError(ErrorCode::PeerUnreachable, received.message());
     }
   }
   const auto* bindings = run.inputs();
   for (uint32_t i = 0; bindings && i < bindings->size(); ++i) {
     const wire::InputBinding* binding = bindings->Get(i);
     if (binding->input() >= inputs.size()) {
-      return RequestError{ErrorCode::InvalidMessage, fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs",
-                                                                 i, binding->input(), inputs.size())};
+      return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs",
+                                                                 i, binding->input(), inputs.size()));
     }
     if (binding->kind() == wire::BindingKind::Handle) {
       auto it = tensors.find(*binding->handle());
       if (it == tensors.end()) {
-        return RequestError{ErrorCode::UnknownHandle, fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
-                                                                  wire::toString(*binding->handle()))};
+        return wire::requestError(ErrorCode::UnknownHandle, fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
+                                                                  wire::toString(*binding->handle())));
       }
       inputs[binding->input()] = it->second.tensor;
     } else {
@@ -612,17 +601,17 @@ std::optional<RequestError> Session::bindInputs(InboundMessage& message, const w
     if (i < bound.size() && !wire::isNull(bound[i])) {
       auto it = tensors.find(bound[i]);
       if (it == tensors.end()) {
-        return RequestError{ErrorCode::UnknownHandle,
+        return wire::requestError(ErrorCode::UnknownHandle,
                             fmt::format("RunGraph: input {} is bound by the graph to handle {}, which is not a tensor "
                                         "in this session (bind the input explicitly or put the tensor first)",
-                                        i, wire::toString(bound[i]))};
+                                        i, wire::toString(bound[i])));
       }
       inputs[i] = it->second.tensor;
       continue;
     }
-    return RequestError{ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i)};
+    return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i));
   }
-  return std::nullopt;
+  return Status::ok();
 }
 
 /// The descriptor of a tensor as it lives on the node: its own strides and storage offset.
@@ -637,11 +626,11 @@ wire::TensorDescArgs describe(const at::Tensor& t) {
   return desc;
 }
 
-std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
+Status Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
                                                   std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
                                                   std::vector<wire::TensorSlotArgs>& described) {
   std::vector<wire::Handle> kept;
-  auto fail = [&](RequestError error) {
+  auto fail = [&](Status error) {
     for (const auto& handle : kept) release(handle);
     returned.clear();
     described.clear();
@@ -651,18 +640,18 @@ std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, con
   for (uint32_t i = 0; outputs && i < outputs->size(); ++i) {
     const wire::OutputSpec* spec = outputs->Get(i);
     if (spec->value() >= values.size()) {
-      return fail({ErrorCode::InvalidMessage, fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
-                                                          spec->value(), values.size())});
+      return fail(wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
+                                                          spec->value(), values.size())));
     }
     const at::Tensor& value = values[spec->value()];
     const wire::OutputAction action = spec->action();
     if (action != wire::OutputAction::Return) {
       if (!value.defined()) {
-        return fail({ErrorCode::InvalidMessage,
-                     fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())});
+        return fail(wire::requestError(ErrorCode::InvalidMessage,
+                     fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())));
       }
-      if (auto error = store(*spec->handle(), value, spec->residency())) {
-        return fail({error->code, fmt::format("RunGraph.outputs[{}]: {}", i, error->message)});
+      if (Status error = store(*spec->handle(), value, spec->residency()); !error) {
+        return fail(wire::requestError(wire::errorCodeOf(error), fmt::format("RunGraph.outputs[{}]: {}", i, error.message())));
       }
       kept.push_back(*spec->handle());
     }
@@ -675,13 +664,13 @@ std::optional<RequestError> Session::applyOutputs(const wire::RunGraph& run, con
       slot.desc = describe(value);
       slot.residency = spec->residency();
       if (slot.desc.dtype == wire::DType::Undefined) {
-        return fail({ErrorCode::Internal, fmt::format("RunGraph.outputs[{}]: value {} has dtype {}, which the wire "
-                                                      "cannot describe", i, spec->value(), c10::toString(value.scalar_type()))});
+        return fail(wire::requestError(ErrorCode::Internal, fmt::format("RunGraph.outputs[{}]: value {} has dtype {}, which the wire "
+                                                      "cannot describe", i, spec->value(), c10::toString(value.scalar_type()))));
       }
       described.push_back(std::move(slot));
     }
   }
-  return std::nullopt;
+  return Status::ok();
 }
 
 }  // namespace
@@ -708,7 +697,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
   auto verified = wire::verifyMessage(message.header(), message.payloadSize());
   if (!verified) {
     GENIE_LOG_WARN("refused a message from {}: {}", from->peer(), verified.status().message());
-    replyError(*from, 0, {ErrorCode::InvalidMessage, verified.status().message()});
+    replyError(*from, 0, wire::requestError(ErrorCode::InvalidMessage, verified.status().message()));
     return;
   }
   const wire::Message* msg = verified.value();
@@ -718,9 +707,9 @@ void NodeService::Impl::onMessage(InboundMessage message) {
     case wire::Body::Hello: {
       const wire::Hello* hello = msg->body_as_Hello();
       if (hello->protocol_version() != wire::kProtocolVersion) {
-        return replyError(*from, id, {ErrorCode::UnsupportedVersion,
+        return replyError(*from, id, wire::requestError(ErrorCode::UnsupportedVersion,
                                       fmt::format("protocol version {} is not supported; this node speaks {}",
-                                                  hello->protocol_version(), wire::kProtocolVersion)});
+                                                  hello->protocol_version(), wire::kProtocolVersion)));
       }
       if (!config.auth_token.empty()) {
         // Constant time: both tokens are hashed, then compared with libsodium's sodium_memcmp.
@@ -730,7 +719,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
           const int failed = connection == connections.end() ? kMaxFailedHellos : ++connection->second.failed_hellos;
           GENIE_LOG_WARN("refused a session from {}: wrong auth token ({} of {} tries)", from->peer(), failed,
                          kMaxFailedHellos);
-          replyError(*from, id, {ErrorCode::Unauthenticated, "wrong auth token"});
+          replyError(*from, id, wire::requestError(ErrorCode::Unauthenticated, "wrong auth token"));
           if (failed >= kMaxFailedHellos) {
             from->close();  // flushes the reply first
             connections.erase(from.get());
@@ -739,7 +728,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
         }
       }
       if (session != sessions.end()) {
-        return replyError(*from, id, {ErrorCode::InvalidMessage, "this connection already has a session"});
+        return replyError(*from, id, wire::requestError(ErrorCode::InvalidMessage, "this connection already has a session"));
       }
       from->admitFromProgressThread();
       wire::Handle session_id = randomHandle();
@@ -766,7 +755,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
   }
   if (session == sessions.end()) {
     message.releasePayload();
-    return replyError(*from, id, {ErrorCode::NotInSession, "say Hello first: this connection has no session"});
+    return replyError(*from, id, wire::requestError(ErrorCode::NotInSession, "say Hello first: this connection has no session"));
   }
   session->second->enqueue(std::move(message));
   // The session thread was likely asleep: on a machine with fewer cores than busy threads,

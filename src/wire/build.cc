@@ -232,11 +232,19 @@ Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
 
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,
                                        std::string_view message, int32_t op_index,
-                                       std::string_view op_name) {
+                                       std::string_view op_name, std::string_view error_class) {
   flatbuffers::FlatBufferBuilder fbb;
-  auto body =
-      CreateError(fbb, code, createString(fbb, message), op_index, createString(fbb, op_name));
+  auto body = CreateError(fbb, code, createString(fbb, message), op_index, createString(fbb, op_name),
+                          createString(fbb, error_class));
   return finished(fbb, request_id, body);
+}
+
+flatbuffers::DetachedBuffer buildError(uint64_t request_id, const Status& status) {
+  if (const RemoteDetail* detail = status.remote()) {
+    return buildError(request_id, static_cast<ErrorCode>(detail->code), detail->message, detail->op_index,
+                      detail->op_name, detail->error_class);
+  }
+  return buildError(request_id, errorCodeOf(status), status.message());
 }
 
 flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count) {

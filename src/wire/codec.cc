@@ -595,6 +595,62 @@ std::string_view dtypeName(DType dtype) { return orUnknown(EnumNameDType(dtype))
 std::string_view bodyName(Body body) { return orUnknown(EnumNameBody(body)); }
 std::string_view errorCodeName(ErrorCode code) { return orUnknown(EnumNameErrorCode(code)); }
 
+namespace {
+
+StatusCode statusCodeFor(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidMessage: return StatusCode::kInvalidMessage;
+    case ErrorCode::UnsupportedVersion:
+    case ErrorCode::UnknownOp: return StatusCode::kUnsupported;
+    case ErrorCode::Unauthenticated:
+    case ErrorCode::NotInSession: return StatusCode::kUnauthenticated;
+    case ErrorCode::UnknownHandle:
+    case ErrorCode::UnknownGraph: return StatusCode::kNotFound;
+    case ErrorCode::DuplicateHandle: return StatusCode::kAlreadyExists;
+    case ErrorCode::SchemaMismatch:
+    case ErrorCode::TorchError: return StatusCode::kInvalidArgument;
+    case ErrorCode::OutOfMemory: return StatusCode::kOutOfMemory;
+    case ErrorCode::TooLarge: return StatusCode::kTooLarge;
+    case ErrorCode::ShuttingDown: return StatusCode::kCancelled;
+    case ErrorCode::Timeout: return StatusCode::kTimeout;
+    case ErrorCode::PeerUnreachable: return StatusCode::kPeerUnreachable;
+    case ErrorCode::Unknown:
+    case ErrorCode::Internal: break;
+  }
+  return StatusCode::kInternal;
+}
+
+}  // namespace
+
+Status requestError(ErrorCode code, std::string message, int32_t op_index, std::string op_name,
+                    std::string error_class) {
+  Status status(statusCodeFor(code), message);
+  return status.withRemote({static_cast<uint16_t>(code), op_index, std::move(op_name), std::move(message),
+                            std::move(error_class)});
+}
+
+ErrorCode errorCodeOf(const Status& status) {
+  if (const RemoteDetail* detail = status.remote()) return static_cast<ErrorCode>(detail->code);
+  switch (status.code()) {
+    case StatusCode::kInvalidMessage: return ErrorCode::InvalidMessage;
+    case StatusCode::kUnauthenticated: return ErrorCode::Unauthenticated;
+    case StatusCode::kOutOfMemory: return ErrorCode::OutOfMemory;
+    case StatusCode::kTooLarge: return ErrorCode::TooLarge;
+    case StatusCode::kTimeout: return ErrorCode::Timeout;
+    case StatusCode::kPeerUnreachable: return ErrorCode::PeerUnreachable;
+    default: return ErrorCode::Internal;
+  }
+}
+
+Status remoteStatus(const Error& error) {
+  RemoteDetail detail{static_cast<uint16_t>(error.code()), error.op_index(), std::string(stringOf(error.op_name())),
+                      std::string(stringOf(error.message())), std::string(stringOf(error.error_class()))};
+  std::string where = detail.op_index >= 0 ? fmt::format(" op {} ({})", detail.op_index, detail.op_name) : std::string();
+  Status status(StatusCode::kRemote, fmt::format("{}{}: {}", errorCodeName(error.code()), where, detail.message),
+                __FILE__, __LINE__);
+  return status.withRemote(std::move(detail));
+}
+
 Result<uint64_t> tensorSpanBytes(DType dtype, std::span<const int64_t> shape,
                                  std::span<const int64_t> strides, int64_t storage_offset) {
   const uint64_t item = dtypeSize(dtype);

@@ -25,32 +25,36 @@ Compiled compileOrFail(const Executor& executor, GraphBuilder& builder) {
   EXPECT_TRUE(verified.isOk()) << verified.status().toString();
   if (!verified) return out;
   auto compiled = executor.compile(**verified);
-  if (auto* error = std::get_if<ExecutionError>(&compiled)) {
-    ADD_FAILURE() << error->toString();
+  if (!compiled) {
+    ADD_FAILURE() << compiled.status().toString();
     return out;
   }
-  out.graph = std::get<std::shared_ptr<const CompiledGraph>>(compiled);
+  out.graph = *compiled;
   return out;
 }
 
 std::vector<at::Tensor> runOrFail(const Executor& executor, const CompiledGraph& graph,
                                   std::vector<at::Tensor> inputs, std::vector<ScalarSlotValue> scalars = {}) {
   auto result = executor.run(graph, inputs, scalars);
-  if (auto* error = std::get_if<ExecutionError>(&result)) {
-    ADD_FAILURE() << error->toString();
+  if (!result) {
+    ADD_FAILURE() << result.status().toString();
     return {};
   }
-  return std::get<std::vector<at::Tensor>>(result);
+  return *std::move(result);
 }
 
-ExecutionError compileError(const Executor& executor, GraphBuilder& builder) {
+/// The compile error's detail (code, op index and name, message); the test fails if it compiled.
+RemoteDetail compileError(const Executor& executor, GraphBuilder& builder) {
   auto bytes = builder.finish();
   auto verified = wire::verifyGraph(wire::bytesOf(bytes));
   EXPECT_TRUE(verified.isOk()) << verified.status().toString();
   auto compiled = executor.compile(**verified);
-  EXPECT_TRUE(std::holds_alternative<ExecutionError>(compiled)) << "compiled although it should not";
-  return std::holds_alternative<ExecutionError>(compiled) ? std::get<ExecutionError>(compiled) : ExecutionError{};
+  EXPECT_FALSE(compiled.isOk()) << "compiled although it should not";
+  EXPECT_TRUE(compiled.isOk() || compiled.status().remote() != nullptr) << compiled.status().toString();
+  return compiled.isOk() || !compiled.status().remote() ? RemoteDetail{} : *compiled.status().remote();
 }
+
+wire::ErrorCode codeOf(const RemoteDetail& detail) { return static_cast<wire::ErrorCode>(detail.code); }
 
 class ExecutorTest : public ::testing::Test {
  protected:
@@ -192,14 +196,14 @@ TEST_F(ExecutorTest, UnknownOpIsNamedWithItsIndex) {
   uint32_t x = g.input(DType::Float32, {2});
   uint32_t r = g.op("aten::relu", "", {T(x)});
   g.op("aten::frobnicate", "", {T(r)});
-  ExecutionError error = compileError(executor, g);
-  EXPECT_EQ(error.code, wire::ErrorCode::UnknownOp);
+  RemoteDetail error = compileError(executor, g);
+  EXPECT_EQ(codeOf(error), wire::ErrorCode::UnknownOp);
   EXPECT_EQ(error.op_index, 1);
   EXPECT_EQ(error.op_name, "aten::frobnicate.default");
   GraphBuilder overload;
   uint32_t y = overload.input(DType::Float32, {2});
   overload.op("aten::add", "NoSuchOverload", {T(y), T(y)});
-  EXPECT_EQ(compileError(executor, overload).code, wire::ErrorCode::UnknownOp);
+  EXPECT_EQ(codeOf(compileError(executor, overload)), wire::ErrorCode::UnknownOp);
 }
 
 TEST_F(ExecutorTest, ArgumentsThatDoNotFitTheSchemaAreRefused) {
@@ -207,8 +211,8 @@ TEST_F(ExecutorTest, ArgumentsThatDoNotFitTheSchemaAreRefused) {
     GraphBuilder g;  // an int list where a tensor is expected (numbers become wrapped numbers)
     uint32_t x = g.input(DType::Float32, {2});
     g.op("aten::mm", "", {T(x), Ints({1, 2})});
-    ExecutionError error = compileError(executor, g);
-    EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+    RemoteDetail error = compileError(executor, g);
+    EXPECT_EQ(codeOf(error), wire::ErrorCode::SchemaMismatch);
     EXPECT_EQ(error.op_name, "aten::mm.default");
     EXPECT_NE(error.message.find("argument 'mat2'"), std::string::npos) << error.message;
   }
@@ -216,15 +220,15 @@ TEST_F(ExecutorTest, ArgumentsThatDoNotFitTheSchemaAreRefused) {
     GraphBuilder g;  // a missing argument
     uint32_t x = g.input(DType::Float32, {2});
     g.op("aten::mm", "", {T(x)});
-    ExecutionError error = compileError(executor, g);
-    EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+    RemoteDetail error = compileError(executor, g);
+    EXPECT_EQ(codeOf(error), wire::ErrorCode::SchemaMismatch);
     EXPECT_NE(error.message.find("missing argument 'mat2'"), std::string::npos) << error.message;
   }
   {
     GraphBuilder g;  // an unknown keyword
     uint32_t x = g.input(DType::Float32, {2});
     g.op("aten::relu", "", {T(x), Named("inplace", B(true))});
-    ExecutionError error = compileError(executor, g);
+    RemoteDetail error = compileError(executor, g);
     EXPECT_NE(error.message.find("no argument 'inplace'"), std::string::npos) << error.message;
   }
 }
@@ -239,17 +243,48 @@ TEST_F(ExecutorTest, TorchErrorsNameTheOpAndKeepTorchsMessage) {
   ASSERT_NE(compiled.graph, nullptr);
   std::vector<at::Tensor> inputs = {at::randn({2, 3}), at::randn({4, 5})};
   auto result = executor.run(*compiled.graph, inputs, {});
-  ASSERT_TRUE(std::holds_alternative<ExecutionError>(result));
-  const auto& error = std::get<ExecutionError>(result);
-  EXPECT_EQ(error.code, wire::ErrorCode::TorchError);
+  ASSERT_FALSE(result.isOk());
+  ASSERT_NE(result.status().remote(), nullptr);
+  const RemoteDetail& error = *result.status().remote();
+  EXPECT_EQ(codeOf(error), wire::ErrorCode::TorchError);
   EXPECT_EQ(error.op_index, 1);
   EXPECT_EQ(error.op_name, "aten::mm.default");
   EXPECT_NE(error.message.find("cannot be multiplied"), std::string::npos) << error.message;
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
   // The executor is stateless between runs: a good run after a failed one works.
   std::vector<at::Tensor> good = {at::randn({2, 3}), at::randn({3, 5})};
   auto values = runOrFail(executor, *compiled.graph, good);
   ASSERT_FALSE(values.empty());
   EXPECT_TRUE(at::equal(values.back(), at::mm(at::relu(good[0]), good[1])));
+}
+
+TEST_F(ExecutorTest, TorchErrorsKeepTheExceptionClassEagerRaises) {
+  GraphBuilder g;  // select past the end: eager raises IndexError (c10::IndexError)
+  uint32_t x = g.input(DType::Float32, {2, 3});
+  g.op("aten::select", "int", {T(x), I(0), I(5)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> inputs = {at::randn({2, 3})};
+  auto result = executor.run(*compiled.graph, inputs, {});
+  ASSERT_FALSE(result.isOk());
+  ASSERT_NE(result.status().remote(), nullptr);
+  EXPECT_EQ(result.status().remote()->error_class, "c10::IndexError");
+  std::string eager;
+  try {
+    (void)at::select(inputs[0], 0, 5);
+  } catch (const c10::Error& e) {
+    eager = e.what_without_backtrace();
+  }
+  EXPECT_EQ(result.status().remote()->message, eager);  // eager's own text
+  GraphBuilder mm;  // a shape mismatch is a plain c10::Error (RuntimeError in Python)
+  uint32_t a = mm.input(DType::Float32, {2, 3});
+  mm.op("aten::mm", "", {T(a), T(a)});
+  auto mm_compiled = compileOrFail(executor, mm);
+  ASSERT_NE(mm_compiled.graph, nullptr);
+  std::vector<at::Tensor> mm_inputs = {at::randn({2, 3})};
+  auto mm_result = executor.run(*mm_compiled.graph, mm_inputs, {});
+  ASSERT_FALSE(mm_result.isOk());
+  EXPECT_EQ(mm_result.status().remote()->error_class, "c10::Error");
 }
 
 TEST_F(ExecutorTest, WrongInputCountsAreRefused) {
@@ -259,8 +294,8 @@ TEST_F(ExecutorTest, WrongInputCountsAreRefused) {
   auto compiled = compileOrFail(executor, g);
   ASSERT_NE(compiled.graph, nullptr);
   auto result = executor.run(*compiled.graph, {}, {});
-  ASSERT_TRUE(std::holds_alternative<ExecutionError>(result));
-  EXPECT_NE(std::get<ExecutionError>(result).message.find("takes 1 tensor inputs, 0 given"), std::string::npos);
+  ASSERT_FALSE(result.isOk());
+  EXPECT_NE(result.status().message().find("takes 1 tensor inputs, 0 given"), std::string::npos);
 }
 
 TEST_F(ExecutorTest, AnEmptyIntListFitsEveryListArgument) {
@@ -292,8 +327,8 @@ TEST_F(ExecutorTest, AnEmptyIntListFitsEveryListArgument) {
   GraphBuilder bad;
   uint32_t z = bad.input(DType::Float32, {2, 3});
   bad.op("aten::index", "Tensor", {T(z), Ints({0})});
-  ExecutionError error = compileError(executor, bad);
-  EXPECT_EQ(error.code, wire::ErrorCode::SchemaMismatch);
+  RemoteDetail error = compileError(executor, bad);
+  EXPECT_EQ(codeOf(error), wire::ErrorCode::SchemaMismatch);
   EXPECT_NE(error.message.find("argument 'indices': expects Tensor?[], got IntListValue"), std::string::npos)
       << error.message;
 }
@@ -319,7 +354,7 @@ TEST_F(ExecutorTest, IntListsFillFloatListsAndIntsOrBoolsFillScalars) {
   uint32_t y = slots.input(DType::Float32, {1, 1, 2, 3});
   slots.scalarSlot();
   slots.op("aten::upsample_nearest2d", "vec", {T(y), None(), Ints({2, 2}, {0, -1})});
-  ExecutionError error = compileError(executor, slots);
+  RemoteDetail error = compileError(executor, slots);
   EXPECT_NE(error.message.find("scalar slots"), std::string::npos) << error.message;
 }
 
@@ -341,7 +376,7 @@ TEST_F(ExecutorTest, ScalarListsBindFromDoubleAndIntLists) {
   GraphBuilder wrong;
   uint32_t c = wrong.input(DType::Float32, {3});
   wrong.op("aten::_foreach_div_", "ScalarList", {Tensors({c}), D(2.0)}, 0);
-  ExecutionError error = compileError(executor, wrong);
+  RemoteDetail error = compileError(executor, wrong);
   EXPECT_NE(error.message.find("expects Scalar[]"), std::string::npos) << error.message;
 }
 

@@ -180,11 +180,10 @@ TEST(NodeIntegration, ArgumentsOfTheWrongTypeAreRefusedNamingTheArgument) {
   uint32_t x = g.input(DType::Float32, {2, 2});
   g.op("aten::mm", "", {T(x), Ints({2, 2})});
   auto bytes = g.finish();
-  ASSERT_FALSE(client->registerGraph(wire::bytesOf(bytes)).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::SchemaMismatch);
-  EXPECT_EQ(client->lastRemoteError().op_index, 0);
-  EXPECT_NE(client->lastRemoteError().message.find("argument 'mat2'"), std::string::npos)
-      << client->lastRemoteError().message;
+  RemoteDetail mismatch = remoteOf(client->registerGraph(wire::bytesOf(bytes)));
+  EXPECT_EQ(codeOf(mismatch), wire::ErrorCode::SchemaMismatch);
+  EXPECT_EQ(mismatch.op_index, 0);
+  EXPECT_NE(mismatch.message.find("argument 'mat2'"), std::string::npos) << mismatch.message;
   EXPECT_TRUE(client->ping().isOk());
 }
 
@@ -225,9 +224,9 @@ TEST(NodeIntegration, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
   auto bytes = g.finish();
   auto unknown = client->registerGraph(wire::bytesOf(bytes));
   ASSERT_FALSE(unknown.isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownOp);
-  EXPECT_EQ(client->lastRemoteError().op_index, 1);
-  EXPECT_EQ(client->lastRemoteError().op_name, "aten::frobnicate.default");
+  EXPECT_EQ(codeOf(remoteOf(unknown)), wire::ErrorCode::UnknownOp);
+  EXPECT_EQ(remoteOf(unknown).op_index, 1);
+  EXPECT_EQ(remoteOf(unknown).op_name, "aten::frobnicate.default");
 
   // Wrong shapes: torch's error, naming the op.
   auto [graph, relu] = registerChain(*client);
@@ -243,21 +242,21 @@ TEST(NodeIntegration, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
   run.outputs = {{relu, wire::OutputAction::Return, {}, wire::Residency::EphemeralActivation}};
   auto shapes = client->runGraph(run, bytesOf(x_bad));
   ASSERT_FALSE(shapes.isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::TorchError);
-  EXPECT_EQ(client->lastRemoteError().op_name, "aten::mm.default");
-  EXPECT_NE(client->lastRemoteError().message.find("cannot be multiplied"), std::string::npos);
+  EXPECT_EQ(codeOf(remoteOf(shapes)), wire::ErrorCode::TorchError);
+  EXPECT_EQ(remoteOf(shapes).op_name, "aten::mm.default");
+  EXPECT_EQ(remoteOf(shapes).error_class, "c10::Error");
+  EXPECT_NE(remoteOf(shapes).message.find("cannot be multiplied"), std::string::npos);
 
   // A handle this session never had (freed, or another session's).
   ASSERT_TRUE(client->freeTensors(std::vector<wire::Handle>{hb}).isOk());
   auto freed = client->runGraph(run, bytesOf(x_bad));
   ASSERT_FALSE(freed.isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
-  EXPECT_NE(client->lastRemoteError().message.find(wire::toString(hb)), std::string::npos);
+  EXPECT_EQ(codeOf(remoteOf(freed)), wire::ErrorCode::UnknownHandle);
+  EXPECT_NE(remoteOf(freed).message.find(wire::toString(hb)), std::string::npos);
 
   // An unregistered graph.
   run.graph_id = wire::GraphId(1, 2);
-  ASSERT_FALSE(client->runGraph(run, bytesOf(x_bad)).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownGraph);
+  EXPECT_EQ(codeOf(remoteOf(client->runGraph(run, bytesOf(x_bad)))), wire::ErrorCode::UnknownGraph);
 
   // And then a good request is served.
   at::Tensor x = at::randn({4, 8});
@@ -300,8 +299,8 @@ TEST(NodeIntegration, AsynchronousRunsKeepTheirOutputsAndReportFailuresLater) {
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].request_id, *failing);
   EXPECT_EQ(failures[0].status.code(), StatusCode::kRemote);
-  EXPECT_EQ(failures[0].remote.code, wire::ErrorCode::TorchError);
-  EXPECT_EQ(failures[0].remote.op_name, "aten::mm.default");
+  EXPECT_EQ(codeOf(remoteOf(failures[0].status)), wire::ErrorCode::TorchError);
+  EXPECT_EQ(remoteOf(failures[0].status).op_name, "aten::mm.default");
   EXPECT_NE(failures[0].status.message().find("aten::mm"), std::string::npos);
   EXPECT_EQ(client->asyncInFlight(), 0u);
   EXPECT_GT(client->counters().node_exec_us, before.node_exec_us);  // the answered runs' RunResult.exec_us
@@ -354,7 +353,7 @@ TEST(NodeIntegration, SessionsCannotSeeEachOthersHandles) {
   ASSERT_TRUE(alice->putTensor(handle, descOf(secret), wire::Residency::PersistentWeight, bytesOf(secret)).isOk());
   auto stolen = bob->getTensor(handle);
   ASSERT_FALSE(stolen.isOk());
-  EXPECT_EQ(bob->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
+  EXPECT_EQ(codeOf(remoteOf(stolen)), wire::ErrorCode::UnknownHandle);
   auto own = alice->getTensor(handle);
   ASSERT_TRUE(own.isOk());
   EXPECT_TRUE(at::equal(tensorOf(*own), secret));
@@ -367,9 +366,8 @@ TEST(NodeIntegration, MemoryLimitRefusesTheRequestNotTheNode) {
   at::Tensor big = at::zeros({512 * 1024}, at::kFloat);  // 2 MiB
   auto refused = client->putTensor(Client::newHandle(), descOf(big), wire::Residency::PersistentWeight, bytesOf(big));
   ASSERT_FALSE(refused.isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::OutOfMemory);
-  EXPECT_NE(client->lastRemoteError().message.find("2097152 bytes requested"), std::string::npos)
-      << client->lastRemoteError().message;
+  EXPECT_EQ(codeOf(remoteOf(refused)), wire::ErrorCode::OutOfMemory);
+  EXPECT_NE(refused.message().find("2097152 bytes requested"), std::string::npos) << refused.message();
   at::Tensor small = at::ones({1024});
   EXPECT_TRUE(client->putTensor(Client::newHandle(), descOf(small), wire::Residency::PersistentWeight, bytesOf(small)).isOk());
   EXPECT_EQ(residentBytes(*client), 4096u);

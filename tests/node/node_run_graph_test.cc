@@ -79,8 +79,8 @@ TEST(NodeRunGraph, BoundInputsComeFromTheRunningSessionUnlessBoundExplicitly) {
   run.inputs = {inlineInput(gx, x)};
   result = other->runGraph(run, bytesOf(x));
   ASSERT_FALSE(result.isOk());
-  EXPECT_EQ(other->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
-  const std::string& message = other->lastRemoteError().message;
+  EXPECT_EQ(codeOf(remoteOf(result)), wire::ErrorCode::UnknownHandle);
+  const std::string& message = result.status().message();
   EXPECT_NE(message.find("input 1"), std::string::npos) << message;
   EXPECT_NE(message.find(wire::toString(hw)), std::string::npos) << message;
   // It can still run it by binding its own tensors.
@@ -93,9 +93,9 @@ TEST(NodeRunGraph, BoundInputsComeFromTheRunningSessionUnlessBoundExplicitly) {
   // A freed bound handle is unknown to the next run.
   ASSERT_TRUE(client->freeTensors(std::vector<wire::Handle>{hb}).isOk());
   run.inputs = {inlineInput(gx, x)};
-  ASSERT_FALSE(client->runGraph(run, bytesOf(x)).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
-  EXPECT_NE(client->lastRemoteError().message.find("input 2"), std::string::npos) << client->lastRemoteError().message;
+  RemoteDetail unbound = remoteOf(client->runGraph(run, bytesOf(x)));
+  EXPECT_EQ(codeOf(unbound), wire::ErrorCode::UnknownHandle);
+  EXPECT_NE(unbound.message.find("input 2"), std::string::npos) << unbound.message;
 }
 
 TEST(NodeRunGraph, FreesRideOnARunAndComeBeforeTheInputsAreBound) {
@@ -124,8 +124,7 @@ TEST(NodeRunGraph, FreesRideOnARunAndComeBeforeTheInputsAreBound) {
 
   // Freed before binding: freeing the input of the same run makes it unknown.
   run.free = {hb};
-  ASSERT_FALSE(client->runGraph(run).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownHandle);
+  EXPECT_EQ(codeOf(remoteOf(client->runGraph(run))), wire::ErrorCode::UnknownHandle);
   EXPECT_FALSE(isResident(*client, hb));
   EXPECT_EQ(residentBytes(*client), 64u);
 
@@ -133,8 +132,7 @@ TEST(NodeRunGraph, FreesRideOnARunAndComeBeforeTheInputsAreBound) {
   run.graph_id = wire::GraphId(1, 2);
   run.inputs = {};
   run.free = {hc};
-  ASSERT_FALSE(client->runGraph(run).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::UnknownGraph);
+  EXPECT_EQ(codeOf(remoteOf(client->runGraph(run))), wire::ErrorCode::UnknownGraph);
   EXPECT_EQ(residentBytes(*client), 0u);
 }
 
@@ -236,14 +234,20 @@ TEST(NodeRunGraph, ViewsOfOneStorageAreCountedOnceUntilTheLastIsFreed) {
   run.graph_id = graph;
   run.outputs = {{transposed, OutputAction::KeepResident, ht, Residency::PersistentWeight},
                  {row, OutputAction::KeepAndDescribe, hr, Residency::PersistentWeight}};
-  ASSERT_TRUE(client->runGraph(run).isOk()) << client->lastRemoteError().message;
+  {
+    auto kept = client->runGraph(run);
+    ASSERT_TRUE(kept.isOk()) << kept.status().message();
+  }
   EXPECT_EQ(residentBytes(*client), 64u);  // three handles, one storage
 
   // Freeing the tensor the views came from keeps the storage (and its bytes) alive.
   run.outputs = {{fresh, OutputAction::KeepResident, hf, Residency::EphemeralActivation}};
   run.inputs = {{gx, ht, std::nullopt}};  // the graph's bound hx is about to go
   run.free = {hx};
-  ASSERT_TRUE(client->runGraph(run).isOk()) << client->lastRemoteError().message;
+  {
+    auto kept = client->runGraph(run);
+    ASSERT_TRUE(kept.isOk()) << kept.status().message();
+  }
   EXPECT_FALSE(isResident(*client, hx));
   EXPECT_EQ(residentBytes(*client), 128u);  // the shared storage + relu's own
   auto row_back = client->getTensor(hr);
@@ -274,10 +278,9 @@ TEST(NodeRunGraph, KeptOutputsAreAllOrNothing) {
   // The second output reuses a handle in use: the run fails and the first is not kept either.
   run.outputs = {{relu, OutputAction::KeepAndDescribe, first, Residency::EphemeralActivation},
                  {neg, OutputAction::KeepResident, hx, Residency::EphemeralActivation}};
-  ASSERT_FALSE(client->runGraph(run).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, wire::ErrorCode::DuplicateHandle);
-  EXPECT_NE(client->lastRemoteError().message.find("RunGraph.outputs[1]"), std::string::npos)
-      << client->lastRemoteError().message;
+  RemoteDetail duplicate = remoteOf(client->runGraph(run));
+  EXPECT_EQ(codeOf(duplicate), wire::ErrorCode::DuplicateHandle);
+  EXPECT_NE(duplicate.message.find("RunGraph.outputs[1]"), std::string::npos) << duplicate.message;
   EXPECT_FALSE(isResident(*client, first));
   EXPECT_EQ(residentBytes(*client), 64u);
 }

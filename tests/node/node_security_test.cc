@@ -152,25 +152,26 @@ TEST(NodeQuota, ASessionFillingItsQuotaNeverFailsAnothersRuns) {
   OnesGraph greedy_graph(*greedy), other_graph(*other);
   // The greedy session fills its quota with resident tensors...
   size_t held = 0;
-  while (putBytes(*greedy, 1 << 20).isOk()) held += 1 << 20;
+  Status put;
+  while ((put = putBytes(*greedy, 1 << 20)).isOk()) held += 1 << 20;
   EXPECT_EQ(held, 8u << 20);
-  EXPECT_EQ(greedy->lastRemoteError().code, ErrorCode::OutOfMemory);
-  EXPECT_NE(greedy->lastRemoteError().message.find("of its quota (8388608 bytes)"), std::string::npos)
-      << greedy->lastRemoteError().message;
+  EXPECT_EQ(codeOf(remoteOf(put)), ErrorCode::OutOfMemory);
+  EXPECT_NE(put.message().find("of its quota (8388608 bytes)"), std::string::npos) << put.message();
   // ...and its runs' transient memory counts too: 4 KiB of activations no longer fit.
   Status run = greedy_graph.run(*greedy, 1024);
   ASSERT_FALSE(run.isOk());
-  EXPECT_EQ(greedy->lastRemoteError().code, ErrorCode::OutOfMemory);
-  EXPECT_EQ(greedy->lastRemoteError().op_name, "aten::ones.default");
+  EXPECT_EQ(codeOf(remoteOf(run)), ErrorCode::OutOfMemory);
+  EXPECT_EQ(remoteOf(run).op_name, "aten::ones.default");
   // The other session stores and runs within its own quota all along, also runs whose
   // transient memory is most of it (6 MiB of 8).
   for (int i = 0; i < 5; ++i) {
-    EXPECT_TRUE(other_graph.run(*other, 1536 * 1024).isOk()) << other->lastRemoteError().message;
-    EXPECT_TRUE(putBytes(*other, 256 << 10).isOk()) << other->lastRemoteError().message;
+    Status ran = other_graph.run(*other, 1536 * 1024);
+    EXPECT_TRUE(ran.isOk()) << ran.message();
+    Status stored = putBytes(*other, 256 << 10);
+    EXPECT_TRUE(stored.isOk()) << stored.message();
   }
   // A run over the other's quota fails alone; its session goes on.
-  EXPECT_FALSE(other_graph.run(*other, 3 << 20).isOk());
-  EXPECT_EQ(other->lastRemoteError().code, ErrorCode::OutOfMemory);
+  EXPECT_EQ(codeOf(remoteOf(other_graph.run(*other, 3 << 20))), ErrorCode::OutOfMemory);
   EXPECT_TRUE(other_graph.run(*other, 1024).isOk());
 }
 
@@ -180,8 +181,7 @@ TEST(NodeQuota, ARefusedUploadIsNotReceived) {
   ASSERT_NE(client, nullptr);
   auto before = client->stats();
   ASSERT_TRUE(before.isOk());
-  ASSERT_FALSE(putBytes(*client, 64 << 20).isOk());
-  EXPECT_EQ(client->lastRemoteError().code, ErrorCode::OutOfMemory);
+  EXPECT_EQ(codeOf(remoteOf(putBytes(*client, 64 << 20))), ErrorCode::OutOfMemory);
   auto after = client->stats();
   ASSERT_TRUE(after.isOk());
   // The 64 MiB payload was refused before its rendezvous: only headers reached the node.
@@ -196,9 +196,9 @@ TEST(NodeQuota, TheNodeLimitWinsOverQuotasThatAddUpToMore) {
   ASSERT_NE(second, nullptr);
   ASSERT_TRUE(putBytes(*first, 3 << 20).isOk());
   // Within the second's quota, over what the node has left.
-  ASSERT_FALSE(putBytes(*second, 2 << 20).isOk());
-  const std::string& message = second->lastRemoteError().message;
-  EXPECT_EQ(second->lastRemoteError().code, ErrorCode::OutOfMemory);
+  Status refused = putBytes(*second, 2 << 20);
+  const std::string& message = refused.message();
+  EXPECT_EQ(codeOf(remoteOf(refused)), ErrorCode::OutOfMemory);
   EXPECT_NE(message.find("2097152 bytes requested"), std::string::npos) << message;
   EXPECT_NE(message.find("this session uses 0 bytes of its quota (3145728 bytes)"), std::string::npos) << message;
   EXPECT_NE(message.find("the node 3145728 bytes of its limit (4194304 bytes)"), std::string::npos) << message;

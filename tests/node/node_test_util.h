@@ -26,6 +26,19 @@ inline std::unique_ptr<client::Client> connectOrFail(uint16_t port, const std::s
   return client ? std::move(client.value()) : nullptr;
 }
 
+/// The node's detail of a failed request (an empty one, and a test failure, if it has none).
+inline RemoteDetail remoteOf(const Status& status) {
+  EXPECT_FALSE(status.isOk()) << "the request succeeded";
+  EXPECT_NE(status.remote(), nullptr) << "no detail from the node: " << status.toString();
+  return status.remote() ? *status.remote() : RemoteDetail{};
+}
+template <typename T>
+RemoteDetail remoteOf(const Result<T>& result) {
+  return remoteOf(result.status());
+}
+/// The wire ErrorCode of a node's detail.
+inline wire::ErrorCode codeOf(const RemoteDetail& detail) { return static_cast<wire::ErrorCode>(detail.code); }
+
 inline std::span<const std::byte> bytesOf(const at::Tensor& t) {
   return {static_cast<const std::byte*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
 }

@@ -36,6 +36,19 @@ def test_remote_error_names_op_and_index():
         bad.cpu()  # the lost value keeps its error
 
 
+def test_an_error_only_the_node_can_see_is_the_class_eager_raises():
+    weight, index = torch.randn(4, 3), torch.tensor([1, 7])  # 7: out of range, known to the node only
+    with pytest.raises(IndexError) as eager:
+        torch.index_select(weight, 0, index)
+    picked = torch.index_select(weight.to(DEV), 0, index.to(DEV))
+    with pytest.raises(IndexError) as remote:
+        picked.cpu()
+    err = remote.value
+    assert isinstance(err, GenieRemoteError) and err.error_class == "c10::IndexError"
+    assert err.node_message == str(eager.value)  # eager's own text
+    assert str(eager.value) in str(err) and "aten::index_select" in str(err)
+
+
 def test_unreachable_node_raises_connection_error_quickly(free_port):
     try:
         genie.init(server=f"127.0.0.1:{free_port}")

@@ -32,13 +32,6 @@
 
 namespace genie::client {
 
-/// The parts of the last Error reply.
-struct RemoteError {
-  wire::ErrorCode code = wire::ErrorCode::Unknown;
-  int32_t op_index = -1;
-  std::string op_name;
-  std::string message;
-};
 
 /// A tensor that came back: its descriptor and its bytes (contiguous, `desc.shape`).
 struct ReturnedTensor {
@@ -87,8 +80,8 @@ struct ClientCounters {
 /// A RunGraph sent with runGraphAsync that failed (see Client::takeAsyncFailures).
 struct AsyncFailure {
   uint64_t request_id = 0;  // as runGraphAsync returned it
-  Status status;            // kRemote (the node's Error), kPeerUnreachable, kTimeout, kCancelled
-  RemoteError remote;       // the Error reply's parts (kRemote only)
+  Status status;            // kRemote (the node's Error, with its RemoteDetail), kPeerUnreachable, kTimeout,
+                            // kCancelled
 };
 
 struct ClientOptions {
@@ -157,9 +150,6 @@ class Client {
   ClientCounters counters() const;
   /// Says Goodbye and closes. Idempotent; also done by the destructor.
   void close();
-
-  /// The parts of the last Error reply (valid after a kRemote status).
-  const RemoteError& lastRemoteError() const;
 
   struct Impl;
 

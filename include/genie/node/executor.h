@@ -30,19 +30,7 @@
 
 namespace genie::node {
 
-/// Why a graph could not be compiled or run: the wire error code, the failing op's index
-/// (-1 if none) and name ("aten::addmm.default"), and the message.
-struct ExecutionError {
-  wire::ErrorCode code = wire::ErrorCode::Internal;
-  int32_t op_index = -1;
-  std::string op_name;
-  std::string message;
 
-  std::string toString() const;
-};
-
-template <typename T>
-using ExecResult = std::variant<T, ExecutionError>;
 
 /// A value bound to a scalar slot (RunGraph.scalars).
 using ScalarSlotValue = std::variant<int64_t, double, bool>;
@@ -85,20 +73,22 @@ class Executor {
 
   c10::Device device() const { return device_; }
 
-  /// Resolves a verified graph (wire::verifyGraph / checkGraph passed). Errors: UnknownOp
-  /// (no such operator or overload), SchemaMismatch (missing, extra or wrongly typed
-  /// arguments; output count), naming the node.
-  ExecResult<std::shared_ptr<const CompiledGraph>> compile(const wire::Graph& graph) const;
+  /// Resolves a verified graph (wire::verifyGraph / checkGraph passed). Errors (a Status with
+  /// its RemoteDetail: wire code, op index and name): UnknownOp (no such operator or
+  /// overload), SchemaMismatch (missing, extra or wrongly typed arguments; output count).
+  Result<std::shared_ptr<const CompiledGraph>> compile(const wire::Graph& graph) const;
 
   /// Runs a compiled graph. `inputs` are the graph's tensor inputs in order; `scalars` fill the
   /// scalar slots. Returns every value of the graph (inputs first, then each node's outputs);
   /// callers keep what they need. `out_of_memory`, when given, is looked at after each op: once
   /// it holds a message (a memory limit was crossed) the run stops with OutOfMemory naming that
-  /// op. Errors: SchemaMismatch (wrong number of inputs or scalars), TorchError (the op raised:
-  /// shape mismatch, dtype, ...) naming the op, OutOfMemory (the allocator's, or the limit's).
-  ExecResult<std::vector<at::Tensor>> run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
-                                          std::span<const ScalarSlotValue> scalars,
-                                          const std::optional<std::string>* out_of_memory = nullptr) const;
+  /// op. Errors (a Status with its RemoteDetail): SchemaMismatch (wrong number of inputs or
+  /// scalars), TorchError (the op raised: shape mismatch, dtype, ...; the detail keeps torch's
+  /// message and the exception's class, "c10::IndexError"), OutOfMemory (the allocator's, or
+  /// the limit's), each naming the op.
+  Result<std::vector<at::Tensor>> run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
+                                      std::span<const ScalarSlotValue> scalars,
+                                      const std::optional<std::string>* out_of_memory = nullptr) const;
 
   /// c10::ScalarType of a wire dtype, or nullopt for Undefined / unknown values.
   static std::optional<c10::ScalarType> scalarType(wire::DType dtype);

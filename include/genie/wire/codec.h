@@ -68,6 +68,21 @@ std::string_view dtypeName(DType dtype);
 std::string_view bodyName(Body body);
 /// "UnknownHandle", ...; "unknown" outside the enum.
 std::string_view errorCodeName(ErrorCode code);
+
+// ---------------------------------------------------------------------------------------
+// Errors of requests: a Status with a RemoteDetail (genie/status.h)
+
+/// A request a node refuses or fails, as a Status (its code the nearest StatusCode to `code`,
+/// its message `message`) carrying the RemoteDetail that buildError sends.
+Status requestError(ErrorCode code, std::string message, int32_t op_index = -1, std::string op_name = {},
+                    std::string error_class = {});
+/// The wire ErrorCode of a failed Status: its RemoteDetail's, else the nearest to its code
+/// (kInvalidMessage, kUnauthenticated, kOutOfMemory, kTooLarge, kTimeout, kPeerUnreachable:
+/// the same names; Internal otherwise).
+ErrorCode errorCodeOf(const Status& status);
+/// The client's Status for an Error reply: kRemote, "<ErrorCode>[ op <i> (<op name>)]: <message>",
+/// with the reply's parts as its RemoteDetail.
+Status remoteStatus(const Error& error);
 /// The characters of an optional wire string; empty when it is absent.
 std::string_view stringOf(const flatbuffers::String* s);
 
@@ -319,7 +334,10 @@ Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
                                                    std::span<const TensorSlotArgs> described = {});
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,
                                        std::string_view message, int32_t op_index = -1,
-                                       std::string_view op_name = {});
+                                       std::string_view op_name = {}, std::string_view error_class = {});
+/// The Error reply for a failed Status: its RemoteDetail when it has one, else its code's
+/// nearest ErrorCode (errorCodeOf) and its message.
+flatbuffers::DetachedBuffer buildError(uint64_t request_id, const Status& status);
 flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count);
 flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id);
 flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& stats);

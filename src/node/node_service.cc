@@ -22,7 +22,9 @@
 #include "genie/transport/message.h"
 #include "genie/transport/worker.h"
 #include "genie/wire/codec.h"
+#include "graph_registry.h"
 #include "memory_account.h"
+#include "tensor_store.h"
 
 namespace genie::node {
 
@@ -125,8 +127,7 @@ struct NodeService::Impl {
   TokenDigest token_digest{};  // of config.auth_token (when set)
   Clock::time_point started = Clock::now();
 
-  mutable std::mutex graphs_mutex;
-  std::unordered_map<wire::GraphId, std::shared_ptr<const CompiledGraph>, wire::GraphIdHash, wire::GraphIdEqual> graphs;
+  GraphRegistry graphs{executor};
 
   // Progress thread only (and stop()): open connections (with their failed Hellos), and the
   // sessions said Hello on them.
@@ -172,7 +173,6 @@ struct NodeService::Impl {
     memory.snapshot(by_class);
     for (int r = 0; r < 4; ++r) stats.resident.emplace_back(static_cast<wire::Residency>(r), by_class[r]);
     {
-      std::lock_guard<std::mutex> lock(graphs_mutex);
       stats.graphs_cached = graphs.size();
     }
     stats.ops_executed = ops_executed.load();
@@ -222,11 +222,6 @@ struct Session {
   void getTensors(uint64_t id, const wire::GetTensors& get);
   void registerGraph(uint64_t id, const wire::RegisterGraph& reg);
   void runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run);
-  /// Makes `tensor` resident under `handle`, reserving its storage's bytes unless another
-  /// handle holds the storage already, or `reserved` (the caller reserved them).
-  Status store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
-                                    bool reserved = false);
-  bool release(const wire::Handle& handle);
   Status receive(InboundMessage& message, void* destination, size_t bytes);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
                    uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
@@ -239,16 +234,6 @@ struct Session {
                                            std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
                                            std::vector<wire::TensorSlotArgs>& described);
 
-  struct Entry {
-    at::Tensor tensor;
-    wire::Residency residency;
-  };
-  struct StorageUse {
-    int refs = 0;
-    uint64_t bytes = 0;
-    wire::Residency residency;
-  };
-
   NodeService::Impl& node;
   std::shared_ptr<Endpoint> endpoint;
   wire::Handle id;
@@ -259,9 +244,7 @@ struct Session {
   std::deque<InboundMessage> queue;
   std::atomic<size_t> queued{0};             // queue.size(), readable without the mutex
   std::atomic<bool> stopping{false};         // set under the mutex; the leader reads it without
-  // Session thread only.
-  std::unordered_map<wire::Handle, Entry, wire::HandleHash, wire::HandleEqual> tensors;
-  std::unordered_map<const c10::StorageImpl*, StorageUse> storages;  // bytes counted once per storage
+  TensorStore tensors{node.memory, memory};  // session thread only
 };
 
 void Session::run() {
@@ -293,45 +276,8 @@ void Session::run() {
     }
   }
   // The session ends: everything it held is freed.
-  std::vector<wire::Handle> handles;
-  for (auto& [handle, entry] : tensors) handles.push_back(handle);
-  for (const auto& handle : handles) release(handle);
+  tensors.clear();
   GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id), endpoint->peer());
-}
-
-Status Session::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency,
-                                           bool reserved) {
-  if (tensors.count(handle)) {
-    return wire::requestError(ErrorCode::DuplicateHandle, fmt::format("handle {} is already in use", wire::toString(handle)));
-  }
-  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  StorageUse& use = storages[storage];
-  if (use.refs == 0) {
-    use.bytes = tensor.storage().nbytes();
-    use.residency = residency;
-    if (!reserved) {
-      if (auto error = node.memory.reserve(memory, use.bytes, residency)) {
-        storages.erase(storage);
-        return wire::requestError(ErrorCode::OutOfMemory, std::move(*error));
-      }
-    }
-  }
-  ++use.refs;
-  tensors.emplace(handle, Entry{std::move(tensor), residency});
-  return Status::ok();
-}
-
-bool Session::release(const wire::Handle& handle) {
-  auto it = tensors.find(handle);
-  if (it == tensors.end()) return false;
-  const c10::StorageImpl* storage = it->second.tensor.storage().unsafeGetStorageImpl();
-  auto use = storages.find(storage);
-  if (use != storages.end() && --use->second.refs == 0) {
-    node.memory.release(memory, use->second.bytes, use->second.residency);
-    storages.erase(use);
-  }
-  tensors.erase(it);
-  return true;
 }
 
 Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {
@@ -361,7 +307,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
     case wire::Body::FreeTensors: {
       const auto* handles = msg.body_as_FreeTensors()->handles();
       uint32_t freed = 0;
-      for (uint32_t i = 0; handles && i < handles->size(); ++i) freed += release(*handles->Get(i));
+      for (uint32_t i = 0; handles && i < handles->size(); ++i) freed += tensors.release(*handles->Get(i));
       if (msg.body_as_FreeTensors()->want_reply()) node.reply(*endpoint, wire::buildAck(id, freed));
       return;
     }
@@ -391,7 +337,7 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
   };
   for (; reserved < slots->size(); ++reserved) {
     const wire::TensorSlot* slot = slots->Get(reserved);
-    if (tensors.count(*slot->handle())) {
+    if (tensors.contains(*slot->handle())) {
       return refuse(wire::requestError(ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
                                                              reserved, wire::toString(*slot->handle()))));
     }
@@ -426,11 +372,11 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
     const auto* slot = slots->Get(i);
     made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
     // Reserved above, each a new storage. A handle named twice in this message fails here.
-    if (Status error = store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
+    if (Status error = tensors.store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
       for (uint32_t j = i; j < slots->size(); ++j) {
         node.memory.release(memory, slots->Get(j)->desc()->nbytes(), slots->Get(j)->residency());
       }
-      for (uint32_t j = 0; j < i; ++j) release(*slots->Get(j)->handle());
+      for (uint32_t j = 0; j < i; ++j) tensors.release(*slots->Get(j)->handle());
       return wire::requestError(wire::errorCodeOf(error), fmt::format("PutTensors.tensors[{}]: {}", i, error.message()));
     }
   }
@@ -485,47 +431,29 @@ void Session::getTensors(uint64_t id, const wire::GetTensors& get) {
   std::vector<std::pair<wire::Handle, at::Tensor>> out;
   for (uint32_t i = 0; i < get.handles()->size(); ++i) {
     const wire::Handle& handle = *get.handles()->Get(i);
-    auto it = tensors.find(handle);
-    if (it == tensors.end()) {
+    const at::Tensor* tensor = tensors.find(handle);
+    if (tensor == nullptr) {
       return node.replyError(*endpoint, id, wire::requestError(ErrorCode::UnknownHandle,
                                              fmt::format("GetTensors.handles[{}]: no tensor {} in this session", i,
                                                          wire::toString(handle))));
     }
-    out.emplace_back(handle, it->second.tensor);
+    out.emplace_back(handle, *tensor);
   }
   sendTensors(id, false, out, 0);
 }
 
 void Session::registerGraph(uint64_t id, const wire::RegisterGraph& reg) {
   std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(reg.graph()->data()), reg.graph()->size());
-  wire::GraphId graph_id = wire::hashGraph(bytes);
-  {
-    std::lock_guard<std::mutex> lock(node.graphs_mutex);
-    if (auto it = node.graphs.find(graph_id); it != node.graphs.end()) {
-      return node.reply(*endpoint, wire::buildGraphRegistered(id, graph_id, it->second->nodes().size()));
-    }
-  }
-  const wire::Graph* graph = reg.graph_nested_root();
-  auto compiled = node.executor.compile(*graph);
-  if (!compiled) return node.replyError(*endpoint, id, compiled.status());
-  std::shared_ptr<const CompiledGraph> ready = *compiled;
-  {
-    std::lock_guard<std::mutex> lock(node.graphs_mutex);
-    node.graphs.emplace(graph_id, ready);
-  }
-  node.reply(*endpoint, wire::buildGraphRegistered(id, graph_id, ready->nodes().size()));
+  auto registered = node.graphs.add(bytes, *reg.graph_nested_root());
+  if (!registered) return node.replyError(*endpoint, id, registered.status());
+  node.reply(*endpoint, wire::buildGraphRegistered(id, registered->id, registered->graph->nodes().size()));
 }
 
 void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run) {
   // Frees ride on the run and come first, whatever becomes of the run (FreeTensors semantics:
   // unknown handles are ignored).
-  for (uint32_t i = 0; run.free() && i < run.free()->size(); ++i) release(*run.free()->Get(i));
-  std::shared_ptr<const CompiledGraph> graph;
-  {
-    std::lock_guard<std::mutex> lock(node.graphs_mutex);
-    auto it = node.graphs.find(*run.graph_id());
-    if (it != node.graphs.end()) graph = it->second;
-  }
+  for (uint32_t i = 0; run.free() && i < run.free()->size(); ++i) tensors.release(*run.free()->Get(i));
+  std::shared_ptr<const CompiledGraph> graph = node.graphs.find(*run.graph_id());
   if (!graph) {
     message.releasePayload();
     return node.replyError(*endpoint, id, wire::requestError(ErrorCode::UnknownGraph,
@@ -581,12 +509,12 @@ Status Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
                                                                  i, binding->input(), inputs.size()));
     }
     if (binding->kind() == wire::BindingKind::Handle) {
-      auto it = tensors.find(*binding->handle());
-      if (it == tensors.end()) {
+      const at::Tensor* tensor = tensors.find(*binding->handle());
+      if (tensor == nullptr) {
         return wire::requestError(ErrorCode::UnknownHandle, fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
                                                                   wire::toString(*binding->handle())));
       }
-      inputs[binding->input()] = it->second.tensor;
+      inputs[binding->input()] = *tensor;
     } else {
       const wire::TensorSlot* slot = binding->inline_();
       at::Tensor t = allocate(*slot->desc(), c10::Device(c10::kCPU));
@@ -599,14 +527,14 @@ Status Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].defined()) continue;
     if (i < bound.size() && !wire::isNull(bound[i])) {
-      auto it = tensors.find(bound[i]);
-      if (it == tensors.end()) {
+      const at::Tensor* tensor = tensors.find(bound[i]);
+      if (tensor == nullptr) {
         return wire::requestError(ErrorCode::UnknownHandle,
                             fmt::format("RunGraph: input {} is bound by the graph to handle {}, which is not a tensor "
                                         "in this session (bind the input explicitly or put the tensor first)",
                                         i, wire::toString(bound[i])));
       }
-      inputs[i] = it->second.tensor;
+      inputs[i] = *tensor;
       continue;
     }
     return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i));
@@ -631,7 +559,7 @@ Status Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Te
                                                   std::vector<wire::TensorSlotArgs>& described) {
   std::vector<wire::Handle> kept;
   auto fail = [&](Status error) {
-    for (const auto& handle : kept) release(handle);
+    for (const auto& handle : kept) tensors.release(handle);
     returned.clear();
     described.clear();
     return error;
@@ -650,7 +578,7 @@ Status Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Te
         return fail(wire::requestError(ErrorCode::InvalidMessage,
                      fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())));
       }
-      if (Status error = store(*spec->handle(), value, spec->residency()); !error) {
+      if (Status error = tensors.store(*spec->handle(), value, spec->residency()); !error) {
         return fail(wire::requestError(wire::errorCodeOf(error), fmt::format("RunGraph.outputs[{}]: {}", i, error.message())));
       }
       kept.push_back(*spec->handle());

@@ -1,0 +1,56 @@
+#include "tensor_store.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+namespace genie::node {
+
+Status TensorStore::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency, bool reserved) {
+  if (tensors_.count(handle)) {
+    return wire::requestError(wire::ErrorCode::DuplicateHandle,
+                              fmt::format("handle {} is already in use", wire::toString(handle)));
+  }
+  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  StorageUse& use = storages_[storage];
+  if (use.refs == 0) {
+    use.bytes = tensor.storage().nbytes();
+    use.residency = residency;
+    if (!reserved) {
+      if (auto error = memory_.reserve(session_, use.bytes, residency)) {
+        storages_.erase(storage);
+        return wire::requestError(wire::ErrorCode::OutOfMemory, std::move(*error));
+      }
+    }
+  }
+  ++use.refs;
+  tensors_.emplace(handle, Entry{std::move(tensor), residency});
+  return Status::ok();
+}
+
+bool TensorStore::release(const wire::Handle& handle) {
+  auto it = tensors_.find(handle);
+  if (it == tensors_.end()) return false;
+  const c10::StorageImpl* storage = it->second.tensor.storage().unsafeGetStorageImpl();
+  auto use = storages_.find(storage);
+  if (use != storages_.end() && --use->second.refs == 0) {
+    memory_.release(session_, use->second.bytes, use->second.residency);
+    storages_.erase(use);
+  }
+  tensors_.erase(it);
+  return true;
+}
+
+const at::Tensor* TensorStore::find(const wire::Handle& handle) const {
+  auto it = tensors_.find(handle);
+  return it == tensors_.end() ? nullptr : &it->second.tensor;
+}
+
+void TensorStore::clear() {
+  std::vector<wire::Handle> handles;
+  handles.reserve(tensors_.size());
+  for (const auto& [handle, entry] : tensors_) handles.push_back(handle);
+  for (const auto& handle : handles) release(handle);
+}
+
+}  // namespace genie::node

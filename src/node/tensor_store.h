@@ -1,0 +1,64 @@
+// TensorStore: one session's resident tensors on genie-node.
+//
+// Maps a client's 128-bit handles to tensors. Each storage's bytes count once against the
+// session's quota and the node's limit (memory_account.h), however many handles (views) hold
+// it; the bytes are released when its last handle goes. Not thread-safe: a session's thread
+// owns its store (docs/node.md "Sessions").
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+#include "genie/status.h"
+#include "genie/wire/codec.h"
+#include "memory_account.h"
+
+namespace genie::node {
+
+class TensorStore {
+ public:
+  /// A store whose bytes are reserved from `memory` for `session` (both outlive the store).
+  TensorStore(NodeMemory& memory, SessionMemory& session) : memory_(memory), session_(session) {}
+  /// Releases every tensor (and its bytes).
+  ~TensorStore() { clear(); }
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+
+  /// Makes `tensor` resident under `handle`. Its storage's bytes (storage().nbytes()) are
+  /// reserved unless another handle holds that storage already, or `reserved` is true (the
+  /// caller reserved them, e.g. before receiving a payload). Errors (wire::requestError):
+  /// DuplicateHandle (the handle is in use), OutOfMemory (the quota's or the node's limit,
+  /// naming both figures).
+  Status store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency, bool reserved = false);
+  /// Forgets `handle`; its storage's bytes are released with its last handle. False if unknown.
+  bool release(const wire::Handle& handle);
+  /// The tensor under `handle`, or nullptr.
+  const at::Tensor* find(const wire::Handle& handle) const;
+  bool contains(const wire::Handle& handle) const { return tensors_.count(handle) != 0; }
+  /// Releases every tensor.
+  void clear();
+  /// Handles held.
+  size_t size() const { return tensors_.size(); }
+  /// Distinct storages held (what the bytes are counted by).
+  size_t storages() const { return storages_.size(); }
+
+ private:
+  struct Entry {
+    at::Tensor tensor;
+    wire::Residency residency;
+  };
+  struct StorageUse {
+    int refs = 0;
+    uint64_t bytes = 0;
+    wire::Residency residency;
+  };
+  NodeMemory& memory_;
+  SessionMemory& session_;
+  std::unordered_map<wire::Handle, Entry, wire::HandleHash, wire::HandleEqual> tensors_;
+  std::unordered_map<const c10::StorageImpl*, StorageUse> storages_;  // bytes counted once per storage
+};
+
+}  // namespace genie::node

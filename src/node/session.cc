@@ -1,0 +1,466 @@
+#include "session.h"
+
+#include <ATen/ATen.h>
+#include <pthread.h>
+
+#include <cstring>
+#include <future>
+#include <optional>
+
+#include "genie/log.h"
+
+namespace genie::node {
+
+using transport::ConstBuffer;
+using transport::Endpoint;
+using transport::InboundMessage;
+using wire::ErrorCode;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Leader/followers (D. Schmidt et al., "Leader/Followers", PLoPD 2000): a session thread with
+/// nothing to do drives the transport's worker itself for this long (µs) before it sleeps,
+/// unless another thread already does, so that the callback of its next request runs on it
+/// and the request needs no wake-up. The dedicated progress thread stands aside meanwhile.
+constexpr std::chrono::microseconds kSessionLeaderPoll{200};
+/// A session thread receiving a request's payload drives the worker for this long (µs)
+/// before it waits for the progress thread to finish the receive.
+constexpr std::chrono::microseconds kReceivePoll{1000};
+
+/// Allocates an empty tensor laid out as `desc` on `device` (its whole storage span).
+at::Tensor allocate(const wire::TensorDesc& desc, c10::Device device) {
+  auto dtype = Executor::scalarType(desc.dtype());
+  std::vector<int64_t> shape(desc.shape()->begin(), desc.shape()->end());
+  auto options = at::TensorOptions().dtype(*dtype).device(device);
+  if (desc.nbytes() == 0) return at::empty(shape, options);
+  std::vector<int64_t> strides;
+  if (desc.strides() && desc.strides()->size()) {
+    strides.assign(desc.strides()->begin(), desc.strides()->end());
+  } else {
+    auto contiguous = c10::contiguous_strides(shape);
+    strides.assign(contiguous.begin(), contiguous.end());
+  }
+  const int64_t elements = static_cast<int64_t>(desc.nbytes() / c10::elementSize(*dtype));
+  return at::empty({elements}, options).as_strided(shape, strides, desc.storage_offset());
+}
+
+/// Moves a tensor received in host memory (laid out as `desc`) to the node's device, storage
+/// span and all. On the CPU it is the tensor itself; on a GPU it is one staged copy (the
+/// payload lands in host memory first; UCX could write device memory directly where it is
+/// built with CUDA, which is not done yet).
+at::Tensor onDevice(at::Tensor host, const wire::TensorDesc& desc, c10::Device device) {
+  if (device.is_cpu()) return host;
+  at::Tensor placed = allocate(desc, device);
+  if (desc.nbytes() == 0) return placed;
+  const auto bytes = static_cast<int64_t>(desc.nbytes());
+  at::Tensor to = at::from_blob(placed.storage().mutable_data(), {bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor from = at::from_blob(host.storage().mutable_data(), {bytes}, at::TensorOptions().dtype(at::kByte));
+  to.copy_(from);
+  return placed;
+}
+
+/// The bytes of a tensor's storage span, as they travel (wire::TensorDesc.nbytes).
+std::byte* storageBytes(const at::Tensor& t) {
+  return static_cast<std::byte*>(t.storage().mutable_data());
+}
+
+}  // namespace
+
+void NodeContext::reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload,
+                        std::shared_ptr<void> keep_alive) {
+  auto send = [&] {
+    to.send(wire::bytesOf(header), payload, [keep_alive = std::move(keep_alive)](Status s) {
+      if (!s) GENIE_LOG_DEBUG("reply not delivered: {}", s.message());
+    });
+  };
+  // On the progress thread, inline. From a session thread: inline when nobody holds the worker
+  // (the progress thread sleeps, or stands aside after this thread led), else handed to the
+  // progress thread, which is polling. std::ref: the std::function holds a reference, not a
+  // heap copy of the lambda (kOnlyIfFree never keeps `start` past the call).
+  if (!worker->drive(std::ref(send), [] { return true; }, std::chrono::microseconds(0),
+                     transport::Worker::Takeover::kOnlyIfFree)) {
+    send();
+  }
+}
+
+Session::Session(NodeContext& node, std::shared_ptr<Endpoint> endpoint, wire::Handle id)
+    : node(node), endpoint_(std::move(endpoint)), id_(id) {
+  thread = std::thread([this] { run(); });
+}
+
+Session::~Session() { stop(); }
+
+void Session::enqueue(InboundMessage message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  queue.push_back(std::move(message));
+  queued.fetch_add(1, std::memory_order_release);
+  cv.notify_one();
+}
+
+void Session::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping && !thread.joinable()) return;
+    stopping = true;
+    cv.notify_one();
+  }
+  if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) thread.join();
+}
+
+void Session::run() {
+  pthread_setname_np(pthread_self(), "genie-session");  // else it inherits its creator's name
+  reportMemoryOfThisThread();
+  for (;;) {
+    std::optional<InboundMessage> message;
+    if (queued.load(std::memory_order_acquire) == 0 && !stopping.load(std::memory_order_acquire)) {
+      // Lead: wait for the next request by driving the worker (kSessionLeaderPoll).
+      node.worker->drive(
+          {},
+          [this] { return queued.load(std::memory_order_acquire) != 0 || stopping.load(std::memory_order_acquire); },
+          kSessionLeaderPoll, transport::Worker::Takeover::kUnlessAnotherCaller);
+    }
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) break;
+      message.emplace(std::move(queue.front()));
+      queue.pop_front();
+      queued.fetch_sub(1, std::memory_order_relaxed);
+    }
+    // Verified on the progress thread; the header bytes are the message's own.
+    const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message->header().data());
+    try {
+      handle(*message, *msg);
+    } catch (const std::exception& e) {
+      node.replyError(*endpoint_, msg->request_id(), wire::requestError(ErrorCode::Internal, e.what()));
+    }
+  }
+  // The session ends: everything it held is freed.
+  tensors.clear();
+  GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id_), endpoint_->peer());
+}
+
+Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {
+  std::promise<Status> done;
+  auto future = done.get_future();
+  std::atomic<bool> received{false};
+  // Drive the receive from here for a while (the progress thread may be standing aside).
+  auto start = [&] {
+    message.receivePayload({destination, bytes}, [&done, &received](Status s) {
+      received.store(true, std::memory_order_release);  // before: set_value may end this frame
+      done.set_value(std::move(s));
+    });
+  };
+  node.worker->drive(std::ref(start), [&received] { return received.load(std::memory_order_acquire); }, kReceivePoll);
+  return future.get();  // bounded by the transport: a dead peer fails it within the peer timeout
+}
+
+void Session::handle(InboundMessage& message, const wire::Message& msg) {
+  const uint64_t id = msg.request_id();
+  switch (msg.body_type()) {
+    case wire::Body::PutTensors: {
+      if (Status error = putTensors(message, *msg.body_as_PutTensors()); !error) return node.replyError(*endpoint_, id, error);
+      node.reply(*endpoint_, wire::buildAck(id, msg.body_as_PutTensors()->tensors()->size()));
+      return;
+    }
+    case wire::Body::GetTensors: return getTensors(id, *msg.body_as_GetTensors());
+    case wire::Body::FreeTensors: {
+      const auto* handles = msg.body_as_FreeTensors()->handles();
+      uint32_t freed = 0;
+      for (uint32_t i = 0; handles && i < handles->size(); ++i) freed += tensors.release(*handles->Get(i));
+      if (msg.body_as_FreeTensors()->want_reply()) node.reply(*endpoint_, wire::buildAck(id, freed));
+      return;
+    }
+    case wire::Body::RegisterGraph: return registerGraph(id, *msg.body_as_RegisterGraph());
+    case wire::Body::RunGraph: return runGraph(id, message, *msg.body_as_RunGraph());
+    case wire::Body::StatsRequest: return node.reply(*endpoint_, wire::buildStats(id, node.collectStats()));
+    default:
+      node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
+                                      fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))));
+  }
+}
+
+Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put) {
+  const auto* slots = put.tensors();
+  // Each tensor's bytes are reserved before its payload is received: an upload over the
+  // session's quota or the node's limit is refused without pulling its bytes (rendezvous).
+  uint32_t reserved = 0;
+  auto unreserve = [&] {
+    for (uint32_t i = 0; i < reserved; ++i) {
+      node.memory.release(memory, slots->Get(i)->desc()->nbytes(), slots->Get(i)->residency());
+    }
+  };
+  auto refuse = [&](Status error) {
+    unreserve();
+    message.releasePayload();
+    return error;
+  };
+  for (; reserved < slots->size(); ++reserved) {
+    const wire::TensorSlot* slot = slots->Get(reserved);
+    if (tensors.contains(*slot->handle())) {
+      return refuse(wire::requestError(ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
+                                                             reserved, wire::toString(*slot->handle()))));
+    }
+    if (auto error = node.memory.reserve(memory, slot->desc()->nbytes(), slot->residency())) {
+      return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)));
+    }
+  }
+  std::vector<at::Tensor> made;
+  try {
+    for (uint32_t i = 0; i < slots->size(); ++i) {
+      made.push_back(allocate(*slots->Get(i)->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
+    }
+  } catch (const std::exception& e) {
+    return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", made.size(), e.what())));
+  }
+  // Payload: straight into the storage when it is one tensor, else one staging copy.
+  if (message.payloadSize() > 0) {
+    if (slots->size() == 1 && slots->Get(0)->payload_offset() == 0 && made[0].storage().nbytes() == message.payloadSize()) {
+      Status received = receive(message, storageBytes(made[0]), message.payloadSize());
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
+    } else {
+      std::vector<std::byte> staging(message.payloadSize());
+      Status received = receive(message, staging.data(), staging.size());
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
+      for (uint32_t i = 0; i < slots->size(); ++i) {
+        const auto* slot = slots->Get(i);
+        std::memcpy(storageBytes(made[i]), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
+      }
+    }
+  }
+  for (uint32_t i = 0; i < slots->size(); ++i) {
+    const auto* slot = slots->Get(i);
+    made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
+    // Reserved above, each a new storage. A handle named twice in this message fails here.
+    if (Status error = tensors.store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
+      for (uint32_t j = i; j < slots->size(); ++j) {
+        node.memory.release(memory, slots->Get(j)->desc()->nbytes(), slots->Get(j)->residency());
+      }
+      for (uint32_t j = 0; j < i; ++j) tensors.release(*slots->Get(j)->handle());
+      return wire::requestError(wire::errorCodeOf(error), fmt::format("PutTensors.tensors[{}]: {}", i, error.message()));
+    }
+  }
+  return Status::ok();
+}
+
+void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& out,
+                          uint64_t exec_us, std::span<const wire::TensorSlotArgs> described) {
+  // Returned tensors travel from host memory, contiguous, one payload: zero-copy for a single
+  // contiguous host tensor. The bytes are the logical values: a conjugate or negative view
+  // (fft.ifft's output has the conj bit) is resolved first, since the wire has no such bits.
+  std::vector<wire::TensorSlotArgs> slots;
+  std::vector<at::Tensor> contiguous;
+  slots.reserve(out.size());
+  contiguous.reserve(out.size());
+  wire::PayloadLayout layout;
+  for (const auto& [handle, tensor] : out) {
+    at::Tensor t = tensor;
+    if (t.defined()) {
+      // Each step is a dispatcher call: only where needed (a CPU node's tensors are in host
+      // memory already; the conj/neg bits are rare).
+      if (!t.is_cpu()) t = t.cpu();
+      if (t.is_conj()) t = t.resolve_conj();
+      if (t.is_neg()) t = t.resolve_neg();
+      t = t.contiguous();
+    }
+    wire::TensorSlotArgs slot;
+    slot.handle = handle;
+    slot.desc.dtype = t.defined() ? Executor::wireDType(t.scalar_type()) : wire::DType::Float32;
+    slot.desc.shape = t.defined() ? t.sizes().vec() : std::vector<int64_t>{0};
+    slot.payload_offset = layout.add(t.defined() ? t.nbytes() : 0);
+    slots.push_back(std::move(slot));
+    contiguous.push_back(std::move(t));
+  }
+  auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described) : wire::buildTensorData(id, slots);
+  if (!header) return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::Internal, header.status().message()));
+  if (contiguous.size() == 1 && contiguous[0].defined() && layout.size() == contiguous[0].nbytes()) {
+    auto keep = std::make_shared<at::Tensor>(contiguous[0]);
+    node.reply(*endpoint_, *header, {keep->data_ptr(), layout.size()}, keep);
+    return;
+  }
+  auto staging = std::make_shared<std::vector<std::byte>>(layout.size());
+  for (size_t i = 0; i < contiguous.size(); ++i) {
+    if (contiguous[i].defined() && contiguous[i].nbytes()) {
+      std::memcpy(staging->data() + slots[i].payload_offset, contiguous[i].data_ptr(), contiguous[i].nbytes());
+    }
+  }
+  node.reply(*endpoint_, *header, {staging->data(), staging->size()}, staging);
+}
+
+void Session::getTensors(uint64_t id, const wire::GetTensors& get) {
+  std::vector<std::pair<wire::Handle, at::Tensor>> out;
+  for (uint32_t i = 0; i < get.handles()->size(); ++i) {
+    const wire::Handle& handle = *get.handles()->Get(i);
+    const at::Tensor* tensor = tensors.find(handle);
+    if (tensor == nullptr) {
+      return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::UnknownHandle,
+                                             fmt::format("GetTensors.handles[{}]: no tensor {} in this session", i,
+                                                         wire::toString(handle))));
+    }
+    out.emplace_back(handle, *tensor);
+  }
+  sendTensors(id, false, out, 0);
+}
+
+void Session::registerGraph(uint64_t id, const wire::RegisterGraph& reg) {
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(reg.graph()->data()), reg.graph()->size());
+  auto registered = node.graphs.add(bytes, *reg.graph_nested_root());
+  if (!registered) return node.replyError(*endpoint_, id, registered.status());
+  node.reply(*endpoint_, wire::buildGraphRegistered(id, registered->id, registered->graph->nodes().size()));
+}
+
+void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGraph& run) {
+  // Frees ride on the run and come first, whatever becomes of the run (FreeTensors semantics:
+  // unknown handles are ignored).
+  for (uint32_t i = 0; run.free() && i < run.free()->size(); ++i) tensors.release(*run.free()->Get(i));
+  std::shared_ptr<const CompiledGraph> graph = node.graphs.find(*run.graph_id());
+  if (!graph) {
+    message.releasePayload();
+    return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::UnknownGraph,
+                                           fmt::format("graph {} is not registered", wire::toString(*run.graph_id()))));
+  }
+  std::vector<at::Tensor> inputs(graph->numInputs());
+  if (Status error = bindInputs(message, run, *graph, inputs); !error) return node.replyError(*endpoint_, id, error);
+  std::vector<ScalarSlotValue> scalars(graph->numScalarInputs(), int64_t{0});
+  const auto* scalar_bindings = run.scalars();
+  for (uint32_t i = 0; scalar_bindings && i < scalar_bindings->size(); ++i) {
+    const wire::ScalarBinding* s = scalar_bindings->Get(i);
+    if (s->slot() >= scalars.size()) {
+      return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
+                                             fmt::format("RunGraph.scalars[{}]: slot {} out of range", i, s->slot())));
+    }
+    if (s->value_type() == wire::Value::IntValue) scalars[s->slot()] = s->value_as_IntValue()->v();
+    if (s->value_type() == wire::Value::DoubleValue) scalars[s->slot()] = s->value_as_DoubleValue()->v();
+    if (s->value_type() == wire::Value::BoolValue) scalars[s->slot()] = s->value_as_BoolValue()->v();
+  }
+  auto start = Clock::now();
+  Result<std::vector<at::Tensor>> result = Status(StatusCode::kInternal, "the run did not run");
+  {
+    // The run's allocations count against the session's quota and the node's limit.
+    RunMemoryScope run_memory(node.memory, memory);
+    result = node.executor.run(*graph, inputs, scalars, &run_memory.over());
+  }
+  if (!result) return node.replyError(*endpoint_, id, result.status());
+  node.ops_executed += graph->nodes().size();
+  auto exec_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+  std::vector<std::pair<wire::Handle, at::Tensor>> returned;
+  std::vector<wire::TensorSlotArgs> described;
+  if (Status error = applyOutputs(run, *result, returned, described); !error) {
+    return node.replyError(*endpoint_, id, error);
+  }
+  sendTensors(id, true, returned, static_cast<uint64_t>(exec_us), described);
+}
+
+Status Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
+                                                const CompiledGraph& graph, std::vector<at::Tensor>& inputs) {
+  // Explicit bindings: resident tensors by handle, or small tensors inline in the payload.
+  std::vector<std::byte> staging;
+  if (message.payloadSize() > 0) {
+    staging.resize(message.payloadSize());
+    if (Status received = receive(message, staging.data(), staging.size()); !received) {
+      return wire::requestError(ErrorCode::PeerUnreachable, received.message());
+    }
+  }
+  const auto* bindings = run.inputs();
+  for (uint32_t i = 0; bindings && i < bindings->size(); ++i) {
+    const wire::InputBinding* binding = bindings->Get(i);
+    if (binding->input() >= inputs.size()) {
+      return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph.inputs[{}]: input {} of a graph with {} inputs",
+                                                                 i, binding->input(), inputs.size()));
+    }
+    if (binding->kind() == wire::BindingKind::Handle) {
+      const at::Tensor* tensor = tensors.find(*binding->handle());
+      if (tensor == nullptr) {
+        return wire::requestError(ErrorCode::UnknownHandle, fmt::format("RunGraph.inputs[{}]: no tensor {} in this session", i,
+                                                                  wire::toString(*binding->handle())));
+      }
+      inputs[binding->input()] = *tensor;
+    } else {
+      const wire::TensorSlot* slot = binding->inline_();
+      at::Tensor t = allocate(*slot->desc(), c10::Device(c10::kCPU));
+      if (slot->desc()->nbytes()) std::memcpy(storageBytes(t), staging.data() + slot->payload_offset(), slot->desc()->nbytes());
+      inputs[binding->input()] = onDevice(std::move(t), *slot->desc(), node.device);
+    }
+  }
+  // Bound inputs (Graph.inputs[i].handle) not bound explicitly: this session's tensor.
+  const auto& bound = graph.inputHandles();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined()) continue;
+    if (i < bound.size() && !wire::isNull(bound[i])) {
+      const at::Tensor* tensor = tensors.find(bound[i]);
+      if (tensor == nullptr) {
+        return wire::requestError(ErrorCode::UnknownHandle,
+                            fmt::format("RunGraph: input {} is bound by the graph to handle {}, which is not a tensor "
+                                        "in this session (bind the input explicitly or put the tensor first)",
+                                        i, wire::toString(bound[i])));
+      }
+      inputs[i] = *tensor;
+      continue;
+    }
+    return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i));
+  }
+  return Status::ok();
+}
+
+/// The descriptor of a tensor as it lives on the node: its own strides and storage offset.
+static wire::TensorDescArgs describe(const at::Tensor& t) {
+  wire::TensorDescArgs desc;
+  desc.dtype = Executor::wireDType(t.scalar_type());
+  desc.shape = t.sizes().vec();
+  desc.strides = t.strides().vec();
+  desc.storage_offset = t.storage_offset();
+  desc.memory = t.is_cuda() ? wire::MemoryKind::Cuda : wire::MemoryKind::Host;
+  desc.device_index = t.is_cuda() ? t.device().index() : 0;
+  return desc;
+}
+
+Status Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Tensor>& values,
+                                                  std::vector<std::pair<wire::Handle, at::Tensor>>& returned,
+                                                  std::vector<wire::TensorSlotArgs>& described) {
+  std::vector<wire::Handle> kept;
+  auto fail = [&](Status error) {
+    for (const auto& handle : kept) tensors.release(handle);
+    returned.clear();
+    described.clear();
+    return error;
+  };
+  const auto* outputs = run.outputs();
+  for (uint32_t i = 0; outputs && i < outputs->size(); ++i) {
+    const wire::OutputSpec* spec = outputs->Get(i);
+    if (spec->value() >= values.size()) {
+      return fail(wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph.outputs[{}]: value {} of a graph with {} values", i,
+                                                          spec->value(), values.size())));
+    }
+    const at::Tensor& value = values[spec->value()];
+    const wire::OutputAction action = spec->action();
+    if (action != wire::OutputAction::Return) {
+      if (!value.defined()) {
+        return fail(wire::requestError(ErrorCode::InvalidMessage,
+                     fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())));
+      }
+      if (Status error = tensors.store(*spec->handle(), value, spec->residency()); !error) {
+        return fail(wire::requestError(wire::errorCodeOf(error), fmt::format("RunGraph.outputs[{}]: {}", i, error.message())));
+      }
+      kept.push_back(*spec->handle());
+    }
+    if (action == wire::OutputAction::Return || action == wire::OutputAction::ReturnAndKeep) {
+      returned.emplace_back(spec->handle() ? *spec->handle() : wire::Handle(), value);
+    }
+    if (action == wire::OutputAction::KeepAndDescribe) {
+      wire::TensorSlotArgs slot;
+      slot.handle = *spec->handle();
+      slot.desc = describe(value);
+      slot.residency = spec->residency();
+      if (slot.desc.dtype == wire::DType::Undefined) {
+        return fail(wire::requestError(ErrorCode::Internal, fmt::format("RunGraph.outputs[{}]: value {} has dtype {}, which the wire "
+                                                      "cannot describe", i, spec->value(), c10::toString(value.scalar_type()))));
+      }
+      described.push_back(std::move(slot));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace genie::node

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _session
-from .device import _device_of
+from .device import _device_of, device_count, synchronize  # noqa: F401 - part of genie's API
 from .graph import Graph
 from .runtime import all_runtimes, locked, runtime_for
 
@@ -59,11 +59,6 @@ def shutdown() -> None:
     _session.shutdown()
 
 
-def device_count() -> int:
-    """The number of remote_accelerator devices (nodes); starts the embedded node if needed."""
-    return len(_session.session().servers)
-
-
 @locked
 def get_device(index: int = 0) -> DeviceProperties:
     """Properties of `remote_accelerator:index` (connects). Raises GenieConnectionError."""
@@ -72,16 +67,6 @@ def get_device(index: int = 0) -> DeviceProperties:
     client = runtime.connection()
     return DeviceProperties(index, client.address, client.node_name, client.device, client.memory_limit,
                             session.embedded is not None)
-
-
-@locked
-def synchronize(device=None) -> None:
-    """Runs every pending op whose result is still held (all devices when `device` is None),
-    sends the batched frees, and waits for the asynchronous runs sent before. Raises
-    GenieRemoteError (also for a failed asynchronous run) / GenieConnectionError."""
-    runtimes = all_runtimes() if device is None else [runtime_for(_device_of(device))]
-    for runtime in runtimes:
-        runtime.flush()
 
 
 @locked

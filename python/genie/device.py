@@ -26,16 +26,31 @@ _library = None
 _genie_library = torch.library.Library("genie", "DEF")  # noqa: TOR901 - the node's operators
 
 
+def device_count() -> int:
+    """The number of remote_accelerator devices (nodes); starts the embedded node if needed."""
+    from . import _session
+    return len(_session.session().servers)
+
+
+def synchronize(device=None) -> None:
+    """Runs every pending op whose result is still held (all devices when `device` is None),
+    sends the batched frees, and waits for the asynchronous runs sent before. Raises
+    GenieRemoteError (also for a failed asynchronous run) / GenieConnectionError."""
+    from .runtime import all_runtimes, lock, runtime_for
+    with lock:
+        for runtime in all_runtimes() if device is None else [runtime_for(_device_of(device))]:
+            runtime.flush()
+
+
 def _device_module() -> types.ModuleType:
-    from . import api
     module = types.ModuleType("torch.remote_accelerator")
     module.is_available = lambda: True
-    module.device_count = api.device_count
+    module.device_count = device_count
     module.current_device = lambda: _C.current_device()
     module.set_device = _set_device
     module.device = _DeviceContext  # `with torch.remote_accelerator.device(i):` (torch.utils.checkpoint)
     module._initialized = True  # torch.utils.checkpoint then saves and restores this device's RNG state
-    module.synchronize = api.synchronize
+    module.synchronize = synchronize
     module._is_in_bad_fork = lambda: False
     # torch.autocast("remote_accelerator", dtype=...): PyTorch's AutocastPrivateUse1 policy casts
     # the inputs of matmuls and convolutions; the casts are recorded like any op.
@@ -116,22 +131,9 @@ def register() -> None:
     for name in _WHOLE_RNN_OPS:
         packet, overload = name.split(".")
         _library.impl(name, _rnn_autograd(getattr(getattr(aten, packet), overload)), "AutogradPrivateUse1")
+    from .recorder import ctc_loss_on_device
     _library.impl("ctc_loss.Tensor", ctc_loss_on_device, "AutogradPrivateUse1")
     _registered = True
-
-
-def ctc_loss_on_device(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
-                       zero_infinity=False):
-    """aten::ctc_loss.Tensor on remote_accelerator: the lengths may be CPU tensors beside device
-    log_probs, as PyTorch allows on CUDA (`F.ctc_loss`); they are moved to the device (small
-    uploads), then PyTorch's composite runs as for any device. Registered at the autograd level;
-    under torch.inference_mode() (no autograd keys) the recorder calls it
-    (`recorder._ctc_loss_host_lengths`)."""
-    device = log_probs.device
-    input_lengths = input_lengths.to(device)
-    target_lengths = target_lengths.to(device)
-    return torch.ops.aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank,
-                                                    reduction, zero_infinity)
 
 
 # Recurrent layers kept whole as well: PyTorch's composite LSTM and GRU pick the fused cells

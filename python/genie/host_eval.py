@@ -27,6 +27,7 @@ import torch
 
 from . import config
 from .graph import Constant, Value
+from .ops import op_info
 
 enabled = config.get("GENIE_HOST_EVAL")
 MAX_BYTES = 64 * 1024  # a tensor larger than this is never kept or computed on the host (bytes)
@@ -81,8 +82,7 @@ def host_value(value: Value) -> torch.Tensor | None:
 def _op_is_exact(op) -> bool:
     known = _op_exact.get(id(op))
     if known is None:
-        from .recorder import op_info
-        info = op_info(op)  # what the recorder derived from the schema: writes, seeded, returns
+        info = op_info(op)  # what the schema says: writes, seeded, returns
         name = op._schema.name.split("::", 1)[-1]
         known = not (info.writes or info.seeded or info.python_impl is not None or not info.tensor_returns
                      or name.startswith(_DENIED_PREFIXES))

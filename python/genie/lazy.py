@@ -16,6 +16,7 @@ methods PyTorch does not route through the dispatcher.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -34,6 +35,12 @@ class Cell(weakref.ref):
 
 
 _record_single = _C.record_single
+
+
+# The process lock: recording, runs and every entry point into the runtimes hold it, so threads
+# are serialized op by op (genie.runtime "Threads"; `genie.runtime.lock` is this object).
+lock = threading.RLock()
+_lock = lock
 
 
 class LazyTensor(torch.Tensor):
@@ -147,6 +154,8 @@ class LazyTensor(torch.Tensor):
         return self.detach().cpu().__reduce_ex__(protocol)
 
 
+from . import shape_rules as _shape_rules  # noqa: E402
 from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor
 from .recorder import record_op as _record_op  # noqa: E402
-from .runtime import lock as _lock  # noqa: E402
+
+_shape_rules.lazy_type = LazyTensor  # the shapes layer reads LazyTensor descriptors without importing capture

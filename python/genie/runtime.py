@@ -50,6 +50,8 @@ from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .graph import Constant, Node, Storage, Value
 from .host_eval import host_copy_of_upload, host_value
 from .lineage import Lineage
+from .lazy import lock as _capture_lock  # first: genie.lazy imports genie.recorder at its end
+from . import recorder as _recorder  # noqa: I001
 from .lower import GraphCache, encode, lower
 
 RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
@@ -788,7 +790,7 @@ def _annotate_kv_cache(nodes: list[Node]) -> None:
                 v = inputs[0]
 
 
-lock = threading.RLock()  # see "Threads" above
+lock = _capture_lock  # genie.lazy.lock: see "Threads" above
 
 
 def locked(function):
@@ -831,6 +833,9 @@ def runtime_for(device: torch.device) -> Runtime:
         _runtimes[index] = runtime
         _tune_gc_once()
     return runtime
+
+
+_recorder._runtime_for = runtime_for  # capture calls up through it (genie.recorder.runtime_for)
 
 
 _gc_tuned = False

@@ -22,14 +22,18 @@ from __future__ import annotations
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from .lazy import LazyTensor
 
 aten = torch.ops.aten
 
 
+# genie.lazy.LazyTensor, set by genie.lazy when it is imported: the shapes layer is below
+# capture and reads LazyTensors' descriptors without importing it.
+lazy_type: type | None = None
+
+
 def _lazy_desc(t):
     """The descriptor (shape, strides, offset, dtype) of a LazyTensor, else None."""
-    return t._desc if type(t) is LazyTensor else None
+    return t._desc if type(t) is lazy_type else None
 
 
 def _new_desc(shape: tuple, dtype) -> tuple:

@@ -104,7 +104,8 @@ def register() -> None:
     global _registered, _library
     if _registered:
         return
-    from .recorder import _copy, record_factory
+    from .recorder import record_factory
+    from .transfers import copy as _copy
     from .runtime import locked
     torch.utils.rename_privateuse1_backend("remote_accelerator")
     torch._register_device_module("remote_accelerator", _device_module())
@@ -131,7 +132,7 @@ def register() -> None:
     for name in _WHOLE_RNN_OPS:
         packet, overload = name.split(".")
         _library.impl(name, _rnn_autograd(getattr(getattr(aten, packet), overload)), "AutogradPrivateUse1")
-    from .recorder import ctc_loss_on_device
+    from .compat import ctc_loss_on_device
     _library.impl("ctc_loss.Tensor", ctc_loss_on_device, "AutogradPrivateUse1")
     _registered = True
 

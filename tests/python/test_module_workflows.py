@@ -190,7 +190,7 @@ def _packed_run(rnn, x, lengths):
 @pytest.mark.parametrize("layer", ["LSTM", "GRU"])
 def test_packed_sequences_match_the_cpu(layer):
     # Packed sequences keep their lengths and batch_sizes on the host, as on CUDA: the data is
-    # packed on the device (recorder._pack_padded_sequence) and the RNN over it recorded whole.
+    # packed on the device (compat._pack_padded_sequence) and the RNN over it recorded whole.
     torch.manual_seed(0)
     local = getattr(torch.nn, layer)(4, 5, num_layers=2, batch_first=True, bidirectional=True)
     remote = copy.deepcopy(local).to(DEV)

@@ -1,0 +1,146 @@
+"""Compatibility ops: aten ops that remote_accelerator handles as CUDA does, or refuses with a
+clear error, instead of recording them as they are.
+
+Host index tensors in advanced indexing are uploaded (as CUDA moves them); packed sequences
+keep `batch_sizes` on the host; `ctc_loss` lengths may be host tensors; nested tensors and
+storage access are refused naming what to do instead. Part of the capture layer
+(docs/frontend.md "Layers"); the known limits are in docs/frontend.md.
+"""
+from __future__ import annotations
+
+import torch
+
+from .graph import op_name
+from .lazy import LazyTensor
+from .recorder import _HostTensor, record_op
+
+aten = torch.ops.aten
+
+
+def _no_nested_tensors(func, args, kwargs):
+    """aten::_nested_tensor_from_mask_left_aligned: remote_accelerator has no nested-tensor
+    layout, so its answer to "can this padded batch become a nested tensor?" is False. This is
+    the question nn.TransformerEncoder asks (with its default mask_check) before its inference
+    fast path converts the batch; on False it stays dense, as PyTorch does for a device or
+    configuration without that path. Its outputs then equal the CPU's with
+    `enable_nested_tensor=False` everywhere, and the CPU's default at every non-padded position
+    (the nested path writes zeros at padded positions)."""
+    return False
+
+
+def _nested_tensor_from_mask(func, args, kwargs):
+    raise NotImplementedError(
+        f"{op_name(func)}: nested tensors are not supported on remote_accelerator (nn.TransformerEncoder "
+        "with mask_check=False takes this path in eval mode under no_grad); build the encoder with "
+        "enable_nested_tensor=False, or keep mask_check=True (the default)")
+
+
+def _storage_access(func, args, kwargs):
+    """aten::set_ onto a storage: what PyTorch does for element access to a storage itself
+    (`untyped_storage()[i]`, `.tolist()`, `.cpu()`, `.fill_()`, `.copy_()`). A remote_accelerator
+    storage has a device address but no host-visible bytes, and graphs carry tensors, not
+    storages."""
+    raise NotImplementedError(
+        f"{op_name(func)}: a remote_accelerator storage cannot be read or written as a storage "
+        "(untyped_storage()[i], .tolist(), .cpu(), .fill_(), .copy_()); use the tensor instead, "
+        "e.g. tensor.cpu().untyped_storage()")
+
+
+def _host_indices(func, args, kwargs):
+    """aten::index.Tensor / index_put / index_put_ / _index_put_impl_ (`x[idx]`, `x[mask] = v`)
+    with index tensors on the host: as on CUDA, where advanced indexing moves CPU indices to the
+    indexed tensor's device, they are uploaded first (a bool mask then takes the device's
+    data-dependent path). Every other op keeps PyTorch's device-mismatch error."""
+    self, indices = args[0], args[1]
+    # Common case first (device or no indices): exact type tests, nothing rebuilt. 0-dim host
+    # indices stay as they are: they travel inline, as any 0-dim host tensor.
+    if type(self) is LazyTensor and indices and any(i is not None and type(i) is not LazyTensor and i.dim() > 0
+                                                    for i in indices):
+        moved = [i if i is None or type(i) is LazyTensor or i.dim() == 0 else i.to(self.device) for i in indices]
+        args = (self, moved, *args[2:])
+    return record_op(func, args, kwargs)
+
+
+def _rnn_with_batch_sizes(func, args, kwargs):
+    """aten::lstm.data / aten::gru.data (an RNN over a packed sequence, recorded whole, see
+    `device._WHOLE_RNN_OPS`): `batch_sizes` (args[1], int64 [T]) is a host tensor by design."""
+    data, batch_sizes = args[0], args[1]
+    if not isinstance(batch_sizes, LazyTensor):
+        args = (data, _HostTensor(batch_sizes.to(torch.int64)), *args[2:])
+    return record_op(func, args, kwargs)
+
+
+def _pack_padded_sequence(func, args, kwargs):
+    """aten::_pack_padded_sequence(input [T, B, *] or [B, T, *], lengths int64 [B] on the
+    host, batch_first) -> (data [sum(lengths), *], batch_sizes int64 [T] on the host), as
+    `torch.nn.utils.rnn.pack_padded_sequence` calls it (lengths sorted in decreasing order).
+    `batch_sizes` is computed on the host from `lengths`, where PyTorch keeps it for every
+    device; `data` is recorded as the time steps' valid rows, concatenated (slices and one
+    cat). Raises RuntimeError for lengths PyTorch refuses (not decreasing, 0, past T)."""
+    input, lengths = args[0], args[1]
+    batch_first = args[2] if len(args) > 2 else kwargs.get("batch_first", False)
+    if isinstance(lengths, LazyTensor):
+        raise RuntimeError(f"{op_name(func)}: 'lengths' argument should be a 1D CPU int64 tensor, "
+                           f"but got 1D {lengths.device} Long tensor")
+    lengths = lengths.to(torch.int64).tolist()
+    steps = input.shape[1] if batch_first else input.shape[0]
+    if any(n <= 0 for n in lengths):
+        raise RuntimeError(f"{op_name(func)}: Length of all samples has to be greater than 0, but found an "
+                           "element in 'lengths' that is <= 0")
+    if any(a < b for a, b in zip(lengths, lengths[1:])):
+        raise RuntimeError(f"{op_name(func)}: `lengths` array must be sorted in decreasing order when "
+                           "`enforce_sorted` is True. You can pass `enforce_sorted=False` to "
+                           "pack_padded_sequence and/or pack_sequence to sidestep this requirement "
+                           "if you do not need ONNX exportability.")
+    if lengths and lengths[0] > steps:
+        raise RuntimeError(f"{op_name(func)}: Expected sequence length to be larger than or equal to "
+                           f"{lengths[0]}, but got {steps}")
+    batch_sizes = [sum(1 for n in lengths if n > t) for t in range(lengths[0] if lengths else 0)]
+    time_major = input.transpose(0, 1) if batch_first else input
+    data = torch.cat([time_major[t, :size] for t, size in enumerate(batch_sizes)])
+    return data, torch.tensor(batch_sizes, dtype=torch.int64)
+
+
+def _pad_packed_sequence(func, args, kwargs):
+    """aten::_pad_packed_sequence(data, batch_sizes on the host, ...): a composite op, reached
+    here only under torch.inference_mode() (elsewhere PyTorch decomposes it above autograd). Its
+    decomposition slices `data` with the host `batch_sizes`, as it does above autograd."""
+    return func.decompose(*args, **kwargs)
+
+
+def _ctc_loss_host_lengths(func, args, kwargs):
+    """aten::ctc_loss.Tensor under torch.inference_mode() (elsewhere the same
+    `ctc_loss_on_device` runs above autograd): CPU lengths are moved to the device, then
+    PyTorch's composite runs."""
+    return ctc_loss_on_device(*args, **kwargs)
+
+
+def ctc_loss_on_device(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                       zero_infinity=False):
+    """aten::ctc_loss.Tensor on remote_accelerator: the lengths may be CPU tensors beside device
+    log_probs, as PyTorch allows on CUDA (`F.ctc_loss`); they are moved to the device (small
+    uploads), then PyTorch's composite runs as for any device. Registered at the autograd level
+    (`genie.device`); under torch.inference_mode() (no autograd keys) the recorder calls it
+    (`_ctc_loss_host_lengths`)."""
+    device = log_probs.device
+    input_lengths = input_lengths.to(device)
+    target_lengths = target_lengths.to(device)
+    return torch.ops.aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank,
+                                                    reduction, zero_infinity)
+
+
+HANDLERS = {
+    aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
+    aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
+    aten.index.Tensor: _host_indices,
+    aten.index_put.default: _host_indices,
+    aten.index_put_.default: _host_indices,
+    aten._index_put_impl_.default: _host_indices,
+    aten.lstm.data: _rnn_with_batch_sizes,
+    aten.gru.data: _rnn_with_batch_sizes,
+    aten._pack_padded_sequence.default: _pack_padded_sequence,
+    aten._pad_packed_sequence.default: _pad_packed_sequence,
+    aten.ctc_loss.Tensor: _ctc_loss_host_lengths,
+    aten.set_.source_Storage: _storage_access,
+    aten.set_.source_Storage_storage_offset: _storage_access,
+}

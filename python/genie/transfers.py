@@ -1,0 +1,81 @@
+"""Data movement between the host and remote_accelerator, as the recorder meets it.
+
+`aten::_to_copy` and `aten::copy_` / `aten::_copy_from` upload host tensors (parameters as
+PersistentWeight), download device tensors (materialization: the pending graph runs and only
+the bytes read come back), or are recorded when both sides are on one device;
+`aten::_local_scalar_dense` (`.item()`) reads one value; pinning is refused for device tensors
+as PyTorch refuses it for CUDA ones. Part of the capture layer (docs/frontend.md "Layers").
+"""
+from __future__ import annotations
+
+import torch
+
+from .lazy import LazyTensor
+from .recorder import _PRIVATEUSE1, record_op, runtime_for
+
+aten = torch.ops.aten
+
+
+def to_copy(func, args, kwargs):
+    src = args[0]
+    device = kwargs.get("device")
+    target = torch.device(device) if device is not None else src.device
+    if target.type == _PRIVATEUSE1:
+        if isinstance(src, LazyTensor) and src._runtime.index == (target.index or 0):
+            return record_op(func, args, kwargs)
+        cpu = src.cpu() if isinstance(src, LazyTensor) else src
+        rest = {k: v for k, v in kwargs.items() if k != "device"}
+        cpu = aten._to_copy.default(cpu, **rest) if rest else cpu
+        return runtime_for(target).upload_tensor(cpu, residency_of(src))
+    # To the host (or another local device): fetch, then let PyTorch convert.
+    fetched = src._runtime.fetch(src)
+    rest = {k: v for k, v in kwargs.items() if k not in ("non_blocking",)}
+    if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
+        return fetched
+    return aten._to_copy.default(fetched, **rest)
+
+
+def residency_of(t: torch.Tensor) -> int:
+    """PersistentWeight (1) for parameters, EphemeralActivation (0) otherwise."""
+    return 1 if isinstance(t, torch.nn.Parameter) else 0
+
+
+def copy(func, args, kwargs):
+    """aten::copy_(dst, src) and aten::_copy_from(src, dst): uploads, downloads or records."""
+    if func is aten._copy_from.default:
+        src, dst = args[0], args[1]
+    else:
+        dst, src = args[0], args[1]
+    if isinstance(dst, LazyTensor):
+        if isinstance(src, LazyTensor) and src._runtime is dst._runtime:
+            return record_op(aten.copy_.default, (dst, src), {})
+        cpu = src.cpu() if isinstance(src, LazyTensor) else src
+        dst._runtime.copy_from_host(dst, cpu, residency_of(src))
+        return dst
+    # Device to host: materialize, then copy locally.
+    dst.copy_(src._runtime.fetch(src))
+    return dst
+
+
+def local_scalar_dense(func, args, kwargs):
+    return args[0]._runtime.fetch(args[0]).item()
+
+
+def is_pinned(func, args, kwargs):
+    return False
+
+
+def pin_memory(func, args, kwargs):
+    """aten::_pin_memory of a device tensor: PyTorch's error for a CUDA tensor (the node would
+    otherwise try, and a CPU node fail naming the NVIDIA driver)."""
+    raise RuntimeError(f"cannot pin '{args[0].device}' tensor: only dense CPU tensors can be pinned")
+
+
+HANDLERS = {
+    aten._to_copy.default: to_copy,
+    aten.copy_.default: copy,
+    aten._copy_from.default: copy,
+    aten._local_scalar_dense.default: local_scalar_dense,
+    aten.is_pinned.default: is_pinned,
+    aten._pin_memory.default: pin_memory,
+}

@@ -19,10 +19,20 @@ handle a value got on the node) lives in `Value`, not on the node.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+# RunGraph output actions (schemas/genie.fbs OutputAction) and residency classes (Residency).
+RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
+ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
+
+
+def new_handle() -> bytes:
+    """A fresh unguessable 128-bit handle (the OS's CSPRNG)."""
+    return os.urandom(16)
 
 _sequence = itertools.count()
 

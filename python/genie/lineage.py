@@ -24,7 +24,8 @@ Thread safety: used under the runtimes' lock (`genie.runtime.locked`), like its 
 
 from __future__ import annotations
 
-RETURN, KEEP = 0, 1
+from .graph import KEEP, RETURN
+
 
 
 class Lineage:

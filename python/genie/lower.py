@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _C
-from .graph import Constant, Node, Storage, Value
+from .graph import KEEP, KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, Constant, Node, Storage, Value, new_handle
 
 
 class _IntMarker:
@@ -180,6 +180,53 @@ def encode(lowered: Lowered, lifted: frozenset[int], name: str = "") -> bytes:
     # No input descriptors: graphs stay shape-generic (the node checks shapes as it runs ops).
     inputs = [(None, handle if kind == "weight" else None) for kind, handle in lowered.inputs]
     return _C.encode_graph(inputs, len(lifted), nodes, name)
+
+
+# ---- a cut as a RunGraph request ------------------------------------------------------------
+
+class Cut:
+    """A prepared cut: the RunGraph arguments (graph_id, bindings, scalars, specs, frees), the
+    Value of each output spec, the (value, handle, residency) it keeps resident, and the weight
+    handles its graph binds itself."""
+
+    __slots__ = ("request", "spec_values", "kept", "weights")
+
+    def __init__(self, request: tuple, spec_values: list[Value], kept: list[tuple], weights: tuple = ()) -> None:
+        self.request = request
+        self.spec_values = spec_values
+        self.kept = kept
+        self.weights = weights
+
+    def keep(self) -> None:
+        """The run was sent (and succeeded, or is asynchronous): kept values get their handles."""
+        for v, handle, residency in self.kept:
+            v.handle = handle
+            v.residency = residency
+
+
+def output_specs(nodes: list[Node], value_ids: dict[int, int], returned: list[Value], described: list[Value]):
+    """RunGraph.outputs for a cut: `returned` values come back (and stay resident if a tensor
+    holds them), `described` stay resident and report their descriptors, every other value a
+    live tensor holds stays resident. Returns (specs, the value of each spec, kept values)."""
+    specs, values, kept = [], [], []
+
+    def add(v: Value, action: int) -> None:
+        handle = new_handle() if action != RETURN else None
+        specs.append((value_ids[id(v)], action, handle, v.residency))
+        values.append(v)
+        if handle is not None:
+            kept.append((v, handle, v.residency))
+
+    for v in returned:
+        add(v, RETURN_AND_KEEP if v.tensors > 0 and v.node is not None else RETURN)
+    for v in described:
+        add(v, KEEP_AND_DESCRIBE)
+    seen = {id(v) for v in values}
+    for node in nodes:
+        for v in node.outputs:
+            if v.tensors > 0 and id(v) not in seen:
+                add(v, KEEP)
+    return specs, values, kept
 
 
 _C.configure_cut(Node, Value, Storage, Constant, Ref, INT, FLOAT, _INPUT_REFS, _OUTPUT_REFS, torch.device)

@@ -47,21 +47,14 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, config
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
-from .graph import Constant, Node, Storage, Value
+from .graph import (KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, WEIGHT, Constant, Node, Storage, Value,  # noqa: F401
+                    new_handle)
 from .host_eval import host_copy_of_upload, host_value
 from .lineage import Lineage
 from .lazy import lock as _capture_lock  # first: genie.lazy imports genie.recorder at its end
 from . import recorder as _recorder  # noqa: I001
-from .lower import GraphCache, encode, lower
-
-RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
-ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
-
-
-def new_handle() -> bytes:
-    """A fresh unguessable 128-bit handle (the OS's CSPRNG)."""
-    return os.urandom(16)
-
+from .kv_cache import CACHE_WRITE_GRACE, CACHE_WRITERS, SDPA, annotate_kv_cache
+from .lower import Cut, GraphCache, encode, lower, output_specs
 
 class Runtime:
     """One remote device. Not thread-safe: PyTorch programs capture from one thread."""
@@ -294,7 +287,7 @@ class Runtime:
         if n >= self.max_pending:
             self.flush()
         elif self.async_chunk and n >= self.async_chunk and self.client is not None and (
-                not self._cache_write_open or n >= self.async_chunk + _CACHE_WRITE_GRACE):
+                not self._cache_write_open or n >= self.async_chunk + CACHE_WRITE_GRACE):
             # Before appending: `node`'s outputs get their tensors only after this returns.
             self._execute_async()
         for storage in node.writes:
@@ -304,9 +297,9 @@ class Runtime:
             self.capture_log.append(node)
         if self.async_chunk:
             op = id(node.op)  # ids: hashing an OpOverload runs Python code
-            if op in _CACHE_WRITERS:
+            if op in CACHE_WRITERS:
                 self._cache_write_open = True
-            elif op in _SDPA:
+            elif op in SDPA:
                 self._cache_write_open = False
 
     def _execute_async(self) -> None:
@@ -315,7 +308,7 @@ class Runtime:
         raised here (from the op being recorded) but at the next request that waits.
 
         The cut waits while a KV-cache write has not been read by attention yet (at most
-        _CACHE_WRITE_GRACE more nodes), so that `_annotate_kv_cache` sees the write and its
+        CACHE_WRITE_GRACE more nodes), so that `annotate_kv_cache` sees the write and its
         reader in one cut and keeps the cache as STATEFUL_KV_CACHE. At most `max_in_flight`
         runs are outstanding: past that the program waits for them (as a full CUDA launch
         queue blocks the host)."""
@@ -571,11 +564,11 @@ class Runtime:
         the pending nodes, in C++ (`genie._C.live_nodes`, python/csrc/cut_fast.cc)."""
         return _C.live_nodes(self.pending, wanted)
 
-    def _prepare_cut(self, nodes: list[Node], returned: list[Value], described: list[Value]) -> "_Cut":
+    def _prepare_cut(self, nodes: list[Node], returned: list[Value], described: list[Value]) -> Cut:
         """Lowers a cut, registers its graph if its structure is new, and builds the RunGraph's
         arguments (input bindings, changed scalars, output specs with fresh handles, frees)."""
         lowered = lower(nodes, [v for v in returned if v.node is None])
-        _annotate_kv_cache(nodes)
+        annotate_kv_cache(nodes)
         self.connection()  # (re)connecting clears the graph cache: before consulting it
         lifted, scalars, graph_id = self.graphs.prepare(lowered)
         if graph_id is None:
@@ -586,9 +579,9 @@ class Runtime:
                 self.lineage.graph(graph_id, graph_bytes)
         bindings = [(i, obj) for i, (kind, obj) in enumerate(lowered.inputs) if kind != "weight"]
         frees = self._take_frees({obj for kind, obj in lowered.inputs if kind != "inline"})
-        specs, spec_values, kept = _output_specs(nodes, lowered.value_ids, returned, described)
+        specs, spec_values, kept = output_specs(nodes, lowered.value_ids, returned, described)
         weights = tuple(obj for kind, obj in lowered.inputs if kind == "weight")
-        return _Cut((graph_id, bindings, scalars, specs, frees), spec_values, kept, weights)
+        return Cut((graph_id, bindings, scalars, specs, frees), spec_values, kept, weights)
 
     def _execute(self, returned: list[Value], described: list[Value]) -> tuple[dict, dict]:
         self._drain_dead()
@@ -709,86 +702,10 @@ def async_chunk_for(device: str, address: str) -> int:
     return 0 if device == "cpu" and loopback else ASYNC_CHUNK
 
 
-class _Cut:
-    """A prepared cut: the RunGraph arguments (graph_id, bindings, scalars, specs, frees), the
-    Value of each output spec, the (value, handle, residency) it keeps resident, and the weight
-    handles its graph binds itself."""
-
-    __slots__ = ("request", "spec_values", "kept", "weights")
-
-    def __init__(self, request: tuple, spec_values: list[Value], kept: list[tuple], weights: tuple = ()) -> None:
-        self.request = request
-        self.spec_values = spec_values
-        self.kept = kept
-        self.weights = weights
-
-    def keep(self) -> None:
-        """The run was sent (and succeeded, or is asynchronous): kept values get their handles."""
-        for v, handle, residency in self.kept:
-            v.handle = handle
-            v.residency = residency
-
-
-def _output_specs(nodes: list[Node], value_ids: dict[int, int], returned: list[Value], described: list[Value]):
-    """RunGraph.outputs for a cut: `returned` values come back (and stay resident if a tensor
-    holds them), `described` stay resident and report their descriptors, every other value a
-    live tensor holds stays resident. Returns (specs, the value of each spec, kept values)."""
-    specs, values, kept = [], [], []
-
-    def add(v: Value, action: int) -> None:
-        handle = new_handle() if action != RETURN else None
-        specs.append((value_ids[id(v)], action, handle, v.residency))
-        values.append(v)
-        if handle is not None:
-            kept.append((v, handle, v.residency))
-
-    for v in returned:
-        add(v, RETURN_AND_KEEP if v.tensors > 0 and v.node is not None else RETURN)
-    for v in described:
-        add(v, KEEP_AND_DESCRIBE)
-    seen = {id(v) for v in values}
-    for node in nodes:
-        for v in node.outputs:
-            if v.tensors > 0 and id(v) not in seen:
-                add(v, KEEP)
-    return specs, values, kept
-
-
 # Op sets hold ids (`id(node.op) in ...`): hashing an OpOverload runs Python code.
 _FRESH_OPS = frozenset(map(id, (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default)))
 _ALIAS = torch.ops.aten.alias.default
 _COPY = torch.ops.aten.copy_.default
-
-_SDPA = frozenset({id(torch.ops.aten.scaled_dot_product_attention.default)})
-_CACHE_WRITE_GRACE = 64  # nodes an asynchronous cut may wait for attention to read a KV-cache write
-_CACHE_WRITERS = frozenset(map(id, (torch.ops.aten.cat.default, torch.ops.aten.index_copy_.default,
-                                     torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)))
-
-
-def _annotate_kv_cache(nodes: list[Node]) -> None:
-    """Semantic pass: values that hold a KV cache get residency STATEFUL_KV_CACHE.
-
-    A KV cache is what attention reads as key or value and a cache-update op (cat along the
-    sequence, index_copy_, slice_scatter) produced: seen through views (transpose, expand,
-    contiguous, ...), its source is the cat's output.
-    """
-    for node in nodes:
-        if id(node.op) not in _SDPA:
-            continue
-        for arg in node.args[1:3]:
-            v = arg
-            for _ in range(8):
-                if type(v) is not Value or v.node is None:
-                    break
-                producer = v.node
-                if id(producer.op) in _CACHE_WRITERS:
-                    v.residency = KV_CACHE
-                    break
-                inputs = list(producer.inputs())
-                if len(inputs) != 1:
-                    break
-                v = inputs[0]
-
 
 lock = _capture_lock  # genie.lazy.lock: see "Threads" above
 

@@ -1,9 +1,11 @@
 """``python -m genie config``: every ``GENIE_*`` setting with its type, default, effective value
-and help: the frontend's (genie.config) and the data plane's (the C++ transport's table).
+and help: the frontend's (genie.config), the data plane's (the C++ transport's table) and
+genie-node's (its command line's options, ``genie-node --print-config``).
 ``--markdown`` prints the frontend's table as docs/configuration.md holds it."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
 
@@ -25,7 +27,18 @@ def _config(args: argparse.Namespace) -> int:
         print(f"# {title}")
         for row in rows:
             print(f"{row['name']}={row['value']}  # {row['type']}, default {row['default']}: {row['help']}")
-    print("# genie-node: genie-node --help (each flag's GENIE_NODE_* variable)")
+    # The node's settings are its command line's: the embedded node's executable prints them.
+    binary = config.get("GENIE_NODE_BIN") or _C.node_binary()
+    print(f"# genie-node ({binary} --print-config)")
+    try:
+        node = subprocess.run([binary, "--print-config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"python -m genie config: {binary} --print-config: {e}", file=sys.stderr)
+        return 2
+    if node.returncode != 0:
+        print(f"python -m genie config: {binary} --print-config: {node.stderr.strip()}", file=sys.stderr)
+        return 2
+    sys.stdout.write(node.stdout)
     return 0
 
 

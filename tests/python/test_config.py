@@ -91,6 +91,12 @@ def test_python_m_genie_config_prints_every_setting_with_its_value():
     for s in config.SETTINGS:
         assert re.search(rf"^{s.name}=", out.stdout, re.M), s.name
     assert re.search(r"^GENIE_PEER_TIMEOUT_MS=2000 ", out.stdout, re.M)
+    # genie-node's settings, from its command line (an environment variable is its value)
+    assert re.search(r"^GENIE_NODE_LISTEN=127.0.0.1:7070  # --listen, default 127.0.0.1:7070: ", out.stdout, re.M)
+    node = subprocess.run([sys.executable, "-m", "genie", "config"], capture_output=True, text=True, timeout=120,
+                          env=dict(env, GENIE_NODE_SESSION_MEMORY_LIMIT="64MiB"))
+    assert re.search(r"^GENIE_NODE_SESSION_MEMORY_LIMIT=64MiB  # --session-memory-limit, default 0: ", node.stdout,
+                     re.M), node.stdout[-3000:]
     bad = subprocess.run([sys.executable, "-m", "genie", "config"], capture_output=True, text=True, timeout=120,
                          env=dict(env, GENIE_TIMEOUT_MS="perhaps"))
     assert bad.returncode == 2 and "GENIE_TIMEOUT_MS='perhaps'" in bad.stderr

@@ -145,7 +145,25 @@ int main(int argc, char** argv) {
                  "SIGTERM; -1: none")
       ->envname("GENIE_NODE_WATCH_FD")
       ->capture_default_str();
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print every setting that has an environment variable (NAME=value  # flag, default: help) and exit");
   CLI11_PARSE(app, argc, argv);
+  if (print_config) {
+    // The node's table is its command line: each option with an environment variable, its
+    // effective value (flag, variable or default) and its help.
+    for (const CLI::Option* option : app.get_options()) {
+      if (option->get_envname().empty()) continue;
+      std::string value;
+      for (const std::string& result : option->results()) value += (value.empty() ? "" : ":") + result;
+      if (option->count() == 0) value = option->get_default_str().empty() ? "(unset)" : option->get_default_str();
+      std::printf("%s=%s  # %s, default %s: %s\n", option->get_envname().c_str(), value.c_str(),
+                  option->get_name().c_str(),
+                  option->get_default_str().empty() ? "(unset)" : option->get_default_str().c_str(),
+                  option->get_description().c_str());
+    }
+    return 0;
+  }
   if (retain_host_memory) retainHostMemory();
   for (const std::string& library : libraries) {
     // RTLD_GLOBAL as torch.ops.load_library: its static initializers register the operators.

@@ -55,12 +55,6 @@ py::object errorClass(const char* name) {
   }
 }
 
-/// The ErrorCode name at the front of a kRemote message ("UnknownOp op 0 (...): ...").
-std::string codeNameOf(const std::string& message) {
-  size_t end = message.find_first_of(" :");
-  return message.substr(0, end == std::string::npos ? message.size() : end);
-}
-
 /// The genie.errors exception for a failed status. Call with the GIL held. A kRemote status
 /// with the node's RemoteDetail becomes genie.errors.remote_error(...): a GenieRemoteError that
 /// is also the Python class eager raises for the op's C++ exception (IndexError, ...).
@@ -72,18 +66,13 @@ py::object errorOf(const Status& status, const std::string& address) {
       if (message.find(address) == std::string::npos) message = "genie-node " + address + ": " + message;
       return errorClass("GenieConnectionError")(message);
     case StatusCode::kRemote: {
+      // Every kRemote status carries the node's detail (wire::remoteStatus).
       py::object make = errorClass("remote_error");
-      if (make.ptr() == PyExc_RuntimeError) return make(message);
-      if (const RemoteDetail* remote = status.remote()) {
-        return make(message, py::arg("code") = std::string(wire::errorCodeName(static_cast<wire::ErrorCode>(remote->code))),
-                    py::arg("op_index") = remote->op_index, py::arg("op_name") = remote->op_name,
-                    py::arg("node_message") = remote->message, py::arg("error_class") = remote->error_class);
-      }
-      // No detail left (a status rebuilt from a message): the code is at its front.
-      std::string code = codeNameOf(message);
-      size_t colon = message.find(": ");
-      return make(message, py::arg("code") = code, py::arg("op_index") = -1, py::arg("op_name") = "",
-                  py::arg("node_message") = colon == std::string::npos ? message : message.substr(colon + 2));
+      const RemoteDetail* remote = status.remote();
+      if (make.ptr() == PyExc_RuntimeError || remote == nullptr) return make(message);
+      return make(message, py::arg("code") = std::string(wire::errorCodeName(static_cast<wire::ErrorCode>(remote->code))),
+                  py::arg("op_index") = remote->op_index, py::arg("op_name") = remote->op_name,
+                  py::arg("node_message") = remote->message, py::arg("error_class") = remote->error_class);
     }
     default:
       return errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);

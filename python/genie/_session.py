@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import config
+from . import runtime as _runtime
 from .errors import GenieConnectionError, GenieError
 
 
@@ -155,8 +156,7 @@ def init(server=None, auth_token: str | None = None, timeout_ms: int | None = No
          keep_host_copy: bool | None = None) -> Session:
     """Chooses the nodes (see module docstring). Idempotent without arguments."""
     global _session
-    if _forked_from is not None:
-        raise forked_error("genie.init")
+    _runtime.check_not_forked("genie.init")
     with _lock:
         if _session is not None and server is None and keep_host_copy is None:
             return _session
@@ -184,23 +184,26 @@ def session() -> Session:
     return _session if _session is not None else init()
 
 
-def make_runtime(index: int):
-    from .runtime import Runtime
+def make_runtime(index: int) -> _runtime.Runtime:
+    """The runtime of `remote_accelerator:index` in this process's session (genie.runtime's
+    registry calls it through `genie.runtime._make_runtime`)."""
     current = session()
     if index >= len(current.servers):
         raise RuntimeError(f"remote_accelerator:{index} does not exist: genie has {len(current.servers)} device(s)")
-    return Runtime(index, lambda: current.connect(index), current.keep_host_copy)
+    return _runtime.Runtime(index, lambda: current.connect(index), current.keep_host_copy)
+
+
+_runtime._make_runtime = make_runtime
 
 
 def _shutdown_locked() -> None:
     global _session
-    from .runtime import all_runtimes, reset_runtimes
-    for runtime in all_runtimes():
+    for runtime in _runtime.all_runtimes():
         try:
             runtime.close()
         except Exception:  # noqa: BLE001 - shutting down
             pass
-    reset_runtimes()
+    _runtime.reset_runtimes()
     if _session is not None and _session.embedded is not None:
         _session.embedded.stop()
     _session = None
@@ -215,25 +218,12 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-_forked_from: int | None = None  # in a forked child: the parent's pid
-
-
-def forked_error(what: str) -> GenieConnectionError:
-    """The error for any use of remote_accelerator in a forked child."""
-    return GenieConnectionError(
-        f"{what}: this process (pid {os.getpid()}) is a fork of pid {_forked_from}, which holds the "
-        "connections and the tensors on remote_accelerator; a forked child cannot use them, nor make new "
-        "ones (UCX does not survive fork). Start processes that use remote_accelerator with the 'spawn' "
-        "start method")
-
-
 def _after_fork_in_child() -> None:
     """A forked child (os.fork, multiprocessing's fork start method, DataLoader workers) owns
     none of the parent's sessions: the embedded node is the parent's (not stopped at the
-    child's exit), and any use of remote_accelerator raises `forked_error`. The lock is made
-    anew: another thread of the parent may have held it."""
-    global _session, _lock, _forked_from
-    _forked_from = os.getppid()
+    child's exit), and any use of remote_accelerator raises (genie.runtime.check_not_forked).
+    The lock is made anew: another thread of the parent may have held it."""
+    global _session, _lock
     _lock = threading.Lock()
     if _session is not None and _session.embedded is not None:
         _session.embedded.disown()

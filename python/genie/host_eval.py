@@ -22,7 +22,6 @@ host copies again (`Storage.written`): a write would make copies of its views st
 
 from __future__ import annotations
 
-
 import torch
 
 from . import config

@@ -40,7 +40,6 @@ _record_single = _C.record_single
 # The process lock: recording, runs and every entry point into the runtimes hold it, so threads
 # are serialized op by op (genie.runtime "Threads"; `genie.runtime.lock` is this object).
 lock = threading.RLock()
-_lock = lock
 
 
 class LazyTensor(torch.Tensor):
@@ -71,7 +70,7 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        with _lock:  # threads are serialized op by op (genie.runtime "Threads")
+        with lock:  # threads are serialized op by op (genie.runtime "Threads")
             # The common case in C++: an op whose shapes were seen before that makes one new
             # tensor or a view (python/csrc/recorder_fast.cc); the recorder takes the rest,
             # given the prepared call (a tuple) when the C++ walk made it.
@@ -130,7 +129,7 @@ class LazyTensor(torch.Tensor):
         device do this to each parameter). Raises TypeError for a tensor of another device."""
         if type(new) is not LazyTensor or new._runtime is not self._runtime:
             raise TypeError(f"data: cannot give a tensor on {self.device} the data of a tensor on {new.device}")
-        with _lock:
+        with lock:
             torch._C.TensorBase.data.__set__(self, new)  # the wrapper's metadata
             self._desc = new._desc
             self._runtime.assign(self, new._cell.value)

@@ -27,7 +27,6 @@ from __future__ import annotations
 from .graph import KEEP, RETURN
 
 
-
 class Lineage:
     """The log of one runtime's state-changing requests (see the module docstring)."""
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -47,7 +46,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, config
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
-from .graph import (KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, WEIGHT, Constant, Node, Storage, Value,  # noqa: F401
+from .graph import (KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, WEIGHT, Constant, Node, Storage, Value,
                     new_handle)
 from .host_eval import host_copy_of_upload, host_value
 from .lineage import Lineage
@@ -103,9 +102,7 @@ class Runtime:
 
     def connection(self):
         if self.client is None:
-            from . import _session
-            if _session._forked_from is not None:  # the client was the parent's (_after_fork_in_child)
-                raise _session.forked_error(str(self.device))
+            check_not_forked(str(self.device))  # the client was the parent's (_after_fork_in_child)
             self.client = self._connect()
             self.graphs.clear()
             self._rng_state_desc = None
@@ -742,17 +739,19 @@ def manual_seed_all(seed: int) -> None:
 def runtime_for(device: torch.device) -> Runtime:
     """The runtime of `remote_accelerator:N` (connecting on first use: `genie.init`); without
     an index, of this thread's current device (`torch.remote_accelerator.current_device()`)."""
-    from . import _C, _session
     index = device.index if device.index is not None else _C.current_device()
     runtime = _runtimes.get(index)
     if runtime is None:
-        runtime = _session.make_runtime(index)
+        runtime = _make_runtime(index)
         _runtimes[index] = runtime
         _tune_gc_once()
     return runtime
 
 
 _recorder._runtime_for = runtime_for  # capture calls up through it (genie.recorder.runtime_for)
+# The runtime of device index i for this process's session: genie._session.make_runtime, which
+# genie._session installs when it is imported (the session layer is above this one).
+_make_runtime = None
 
 
 _gc_tuned = False
@@ -807,8 +806,10 @@ def _after_fork_in_child() -> None:
     threads stay the parent's. The child never uses or destroys them: destroying a copied UCX
     worker aborts (UCX checks the pid) and would say Goodbye for the parent. Each client is
     leaked on purpose (one reference more, never dropped); then every runtime refuses further
-    use (`Runtime.connection`, `genie._session.forked_error`)."""
+    use (`Runtime.connection`, `check_not_forked`)."""
     import ctypes
+    global _forked_from
+    _forked_from = os.getppid()
     lock._at_fork_reinit()  # another thread of the parent may have held it
     for runtime in _runtimes.values():
         if runtime.client is not None:
@@ -818,6 +819,21 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_forked_from: int | None = None  # in a forked child: the parent's pid
+
+
+def check_not_forked(what: str) -> None:
+    """Raises GenieConnectionError naming `what` in a forked child: the parent holds the
+    connections and the tensors on remote_accelerator; a forked child can neither use them nor
+    make new ones (UCX does not survive fork)."""
+    if _forked_from is not None:
+        raise GenieConnectionError(
+            f"{what}: this process (pid {os.getpid()}) is a fork of pid {_forked_from}, which holds the "
+            "connections and the tensors on remote_accelerator; a forked child cannot use them, nor make new "
+            "ones (UCX does not survive fork). Start processes that use remote_accelerator with the 'spawn' "
+            "start method")
 
 
 def reset_runtimes() -> None:

@@ -9,10 +9,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <future>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -26,7 +24,6 @@
 
 namespace genie::node {
 
-using transport::ConstBuffer;
 using transport::Endpoint;
 using transport::InboundMessage;
 using wire::ErrorCode;
@@ -48,7 +45,6 @@ wire::Handle randomHandle() {
   }
   return wire::Handle(words[0], words[1]);
 }
-
 
 /// Failed Hellos (wrong token) a connection may send before it is closed.
 constexpr int kMaxFailedHellos = 3;

@@ -1,6 +1,5 @@
 #include "genie/transport/message.h"
 
-
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -144,7 +143,7 @@ struct ReceiveOp {
 
 void onReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
   std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(user_data));
-  if (op->from && op->from->bulk_receives > 0) --op->from->bulk_receives;
+  if (op->from) endBulkReceive(*op->from);
   std::string peer = op->from ? op->from->peer : std::string("a closed endpoint");
   if (status == UCS_OK && length != op->expected) {
     op->done(GENIE_ERROR(kInvalidMessage, "rendezvous from {} delivered {} bytes, expected {}", peer, length,

@@ -182,7 +182,7 @@ struct AmDispatch {
     request.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     request.cb.recv_am = [](void* req, ucs_status_t status, size_t, void* user_data) {
       std::unique_ptr<LargeHeaderReceive> done(static_cast<LargeHeaderReceive*>(user_data));
-      if (done->from->bulk_receives > 0) --done->from->bulk_receives;
+      endBulkReceive(*done->from);
       if (status == UCS_OK) done->deliver(std::move(done->bytes));
       if (req != nullptr) ucp_request_free(req);
     };
@@ -190,10 +190,10 @@ struct AmDispatch {
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(worker->worker_, data, pending->bytes.data(), length, &request);
     if (sp == nullptr) {
       std::unique_ptr<LargeHeaderReceive> done(pending);
-      --state->bulk_receives;
+      endBulkReceive(*state);
       done->deliver(std::move(done->bytes));
     } else if (UCS_PTR_IS_ERR(sp)) {
-      --state->bulk_receives;
+      endBulkReceive(*state);
       delete pending;
       SPDLOG_WARN("large-header receive from {} failed: {}", endpoint->peer(),
                   ucs_status_string(UCS_PTR_STATUS(sp)));

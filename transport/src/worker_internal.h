@@ -19,6 +19,11 @@ inline void noteBulkReceive(EndpointState& from, size_t bytes) {
   from.bulk_until = std::max(from.bulk_until, until);
 }
 
+/// That receive completed or failed (progress thread).
+inline void endBulkReceive(EndpointState& from) {
+  if (from.bulk_receives > 0) --from.bulk_receives;
+}
+
 /// Lives on the stack of an active-message callback. A message received or released while
 /// its own callback runs must not call into UCX for its data; it records what the callback
 /// should return instead (UCS_OK: UCX frees the data; UCS_INPROGRESS: kept or handed over).

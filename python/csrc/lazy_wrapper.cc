@@ -8,8 +8,9 @@
 // dtype=..., device=remote_accelerator:N) makes (torch/csrc/autograd/python_variable.cpp,
 // make_tensor_for_subclass_helper): a TensorImpl on the PrivateUse1 dispatch key whose storage
 // has the byte size the geometry needs and no data (the meta allocator), no autograd
-// requirement, wrapped as an instance of `cls` with the Python dispatch key set, so that every
-// op on it reaches cls.__torch_dispatch__.
+// requirement, wrapped as an instance of `cls`, but without the Python dispatch key: its key set
+// is PrivateUse1's, so every op on it reaches the recorder's PrivateUse1 kernel
+// (dispatch_fallback.cc) after autograd, as an op on a CUDA tensor reaches its CUDA kernel.
 //
 // Inference tensors: a TensorImpl made inside torch.inference_mode() is an inference tensor (no
 // autograd keys, no version counter). PyTorch makes a view with its base's key set instead
@@ -67,6 +68,68 @@ bool readInts(PyObject* seq, const char* what, c10::SmallVector<int64_t, 6>& out
   }
   return true;
 }
+
+/// A LazyTensor's TensorImpl: PrivateUse1 keys, a storage with no host bytes, and the recording
+/// state (LazyState). PyTorch copies a TensorImpl's metadata into a new one wherever it detaches
+/// a tensor (autograd's saved outputs, `.detach()` inside kernels, `tensor.data`); the copy made
+/// here attaches its own count on the same value, so the value stays resident while any copy
+/// lives, and each copy's death is reported to the runtime (releaseState).
+class LazyTensorImpl final : public c10::TensorImpl {
+ public:
+  LazyTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype)
+      : c10::TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype) {}
+
+  ~LazyTensorImpl() override {
+    if (state.cell == nullptr && state.runtime == nullptr && state.desc == nullptr) return;
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // the interpreter is gone: nothing to tell
+    PyGILState_STATE gil = PyGILState_Ensure();
+    releaseState(state);
+    PyGILState_Release(gil);
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                              bool allow_tensor_metadata_change) const override {
+    return copy(version_counter, allow_tensor_metadata_change);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                              bool allow_tensor_metadata_change) const override {
+    return copy(std::move(version_counter), allow_tensor_metadata_change);
+  }
+  /// `tensor.data = other` (VariableHooks::set_data): this tensor takes `other`'s metadata and
+  /// descriptor; genie.lazy.LazyTensor.data rebinds the value.
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override {
+    copy_tensor_metadata(impl.get(), this, version_counter(), allow_tensor_metadata_change());
+    if (auto* other = dynamic_cast<LazyTensorImpl*>(impl.get()); other != nullptr && other->state.desc != nullptr) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      Py_INCREF(other->state.desc);
+      Py_XSETREF(state.desc, other->state.desc);
+      PyGILState_Release(gil);
+    }
+  }
+
+  LazyState state;
+
+ private:
+  template <typename Version>
+  c10::intrusive_ptr<c10::TensorImpl> copy(Version&& version_counter, bool allow_tensor_metadata_change) const {
+    auto impl = c10::make_intrusive<LazyTensorImpl>(storage(), dtype());
+    copy_tensor_metadata(this, impl.get(), std::forward<Version>(version_counter), allow_tensor_metadata_change);
+    impl->refresh_numel();
+    impl->refresh_contiguous();
+    if (state.cell != nullptr) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      const bool ok = attachCopy(state, impl->state);
+      if (!ok) {
+        python_error error;
+        error.persist();
+        PyGILState_Release(gil);
+        throw error;
+      }
+      PyGILState_Release(gil);
+    }
+    return impl;
+  }
+};
 
 /// The next free device address (see the top of this file). Ranges are 512-byte aligned, as
 /// CUDA's allocations are, and never reused: 2^62 bytes outlast any process.
@@ -145,26 +208,21 @@ PyObject* makeWrapper(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
     c10::Storage storage = share ? base->storage() : newStorage(nbytes, device);
     std::optional<c10::InferenceMode> mode;  // the TensorImpl constructor reads it
     if (inference) mode.emplace(*inference);
-    tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                      c10::scalarTypeToTypeMeta(dtype));
+    tensor = at::detail::make_tensor<LazyTensorImpl>(std::move(storage), c10::scalarTypeToTypeMeta(dtype));
     if (has_strides) {
       tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
     } else {
       tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
     }
   }
-  PyObject* wrapper = THPVariable_Wrap(tensor, reinterpret_cast<PyTypeObject*>(cls));
-  if (wrapper == nullptr) return nullptr;
-  THPVariable_Unpack(wrapper).unsafeGetTensorImpl()->set_python_dispatch(true);
-  return wrapper;
+  return THPVariable_Wrap(tensor, reinterpret_cast<PyTypeObject*>(cls));
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef g_make_wrapper_def = {
     "make_wrapper", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeWrapper)), METH_FASTCALL,
     "make_wrapper(cls, shape, strides, storage_offset, dtype, device_index[, base]) -> cls instance\n\n"
-    "A tensor of type `cls` (a torch.Tensor subclass with __torch_dispatch__) on "
+    "A tensor of type `cls` (a torch.Tensor subclass) on "
     "remote_accelerator:device_index that owns no memory: shape and strides (tuples or lists of "
     "ints, elements; strides None for contiguous, then storage_offset must be 0), storage_offset "
     "(elements), dtype (torch.dtype). What torch.Tensor._make_wrapper_subclass makes for these "
@@ -177,6 +235,17 @@ PyMethodDef g_make_wrapper_def = {
 }  // namespace
 
 PyObject* makeWrapperFast(PyObject* const* args, Py_ssize_t nargs) { return makeWrapper(nullptr, args, nargs); }
+
+LazyState* lazyStateOf(PyObject* tensor) {
+  if (!THPVariable_Check(tensor)) return nullptr;
+  auto* impl = dynamic_cast<LazyTensorImpl*>(THPVariable_Unpack(tensor).unsafeGetTensorImpl());
+  return impl == nullptr ? nullptr : &impl->state;
+}
+
+LazyState* lazyStateOf(const at::Tensor& tensor) {
+  auto* impl = dynamic_cast<LazyTensorImpl*>(tensor.unsafeGetTensorImpl());
+  return impl == nullptr ? nullptr : &impl->state;
+}
 
 void bindLazyWrapper(py::module_& m) {
   m.add_object("make_wrapper",

@@ -555,6 +555,7 @@ PYBIND11_MODULE(_C, m) {
 
   bindLazyWrapper(m);
   bindRecorderFast(m);
+  bindDispatchFallback(m);
   bindCutFast(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");

@@ -1,6 +1,6 @@
 // genie._C.record_single, prepare_fast, make_lazy: the recorder's hottest path in C++.
 //
-// Recording one op in Python (genie.recorder: __torch_dispatch__ -> dispatch -> record_op ->
+// Recording one op in Python (genie.recorder: dispatch -> record_op ->
 // _prepare -> LazyTensor._make) cost ~10 µs per op inside a HuggingFace GPT-2 decode step on
 // the development VM, a third of the step's recording. Most ops of a model step are the same
 // ops on the same shapes as the step before ("plan" hits, genie.recorder._plans) with one
@@ -25,11 +25,12 @@
 // genie.graph._sequence) gives it the classes, the recorder's dictionaries and the node
 // counter, once, when genie.recorder is imported. Node, Value and Storage are made without
 // running their Python __init__ (a Python frame each): the object is allocated and every slot
-// that __init__ sets is set through its member descriptor, as are the slots of LazyTensor
-// and Cell that this file reads (no lookup by name). So the slots named here must be what
+// that __init__ sets is set through its member descriptor, as is Cell's `value` (no lookup by
+// name). A LazyTensor's own state (cell, runtime, descriptor) is read from its TensorImpl
+// (LazyState, lazy_wrapper.cc). So the slots named here must be what
 // the classes' __init__ set: configure_recorder checks that each is a slot, and
 // tests/python/test_c_extension.py that the objects equal those __init__ makes.
-// Called with the GIL held and under genie.runtime.lock, as __torch_dispatch__ is. No torch
+// Called with the GIL held and under genie.runtime.lock (dispatch_fallback.cc). No torch
 // headers: the wrapper itself is made by lazy_wrapper.cc.
 #include <pybind11/pybind11.h>
 
@@ -55,7 +56,6 @@ struct Recorder {
   PyObject* dtype_type = nullptr;   // torch.dtype
   PyObject* sequence = nullptr;     // genie.graph._sequence: Node.seq
   // LazyTensor
-  Slot t_runtime, t_desc, t_cell;
   // Cell
   Slot c_value;
   // Node (all of Node.__init__'s)
@@ -69,7 +69,7 @@ Recorder g;
 
 /// Interned attribute names, made once.
 struct Names {
-  PyObject *single, *index, *record, *dead_callback, *refs, *nan;
+  PyObject *single, *index, *record, *dead, *refs, *nan;
 };
 Names n;
 
@@ -90,80 +90,116 @@ bool allInts(PyObject* seq) {
   return true;
 }
 
-/// The result of prepare: key and node args, and the runtime (borrowed from an argument).
+/// The result of prepare: key and node args and kwargs, and the runtime (borrowed from an argument).
 struct Prepared {
-  Ref key;  // tuple
-  Ref rec;  // tuple
+  Ref key;     // tuple
+  Ref rec;     // tuple
+  Ref kwargs;  // dict
   PyObject* runtime = nullptr;
 };
+
+/// recorder._record_form of one argument `a` for the common kinds: appends its part of the key
+/// and returns its node form (a new reference). nullptr with no Python error set when `a` is
+/// not of those kinds (or names another runtime, or holds a lost value: Python raises then),
+/// nullptr with an error set on failure. `runtime`: the call's runtime so far (borrowed).
+PyObject* convert(PyObject* a, PyObject* key, PyObject*& runtime) {
+  PyTypeObject* t = Py_TYPE(a);
+  if (reinterpret_cast<PyObject*>(t) == g.lazy_tensor) {
+    const LazyState* state = lazyStateOf(a);
+    if (state == nullptr || state->cell == nullptr) return nullptr;  // not recorded by Genie: Python decides
+    if (runtime != nullptr && runtime != state->runtime) return nullptr;  // Python raises the device error
+    runtime = state->runtime;  // borrowed: the argument keeps it
+    if (PyList_Append(key, state->desc) < 0) return nullptr;
+    Ref value(g.c_value.get(state->cell));
+    if (!value) return nullptr;
+    Ref error(g.v_error.get(value.get()));
+    if (!error || error.get() != Py_None) return nullptr;  // a lost value: Python raises its error
+    return value.release();
+  }
+  if (t == &PyLong_Type || t == &PyUnicode_Type || a == Py_None || reinterpret_cast<PyObject*>(t) == g.dtype_type) {
+    if (PyList_Append(key, a) < 0) return nullptr;
+    Py_INCREF(a);
+    return a;
+  }
+  if (t == &PyFloat_Type || t == &PyBool_Type) {
+    // Tagged with the type: 1 == 1.0 == True (recorder._record_form).
+    if (PyList_Append(key, reinterpret_cast<PyObject*>(t)) < 0) return nullptr;
+    const bool nan = t == &PyFloat_Type && PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a);
+    if (PyList_Append(key, nan ? n.nan : a) < 0) return nullptr;
+    Py_INCREF(a);
+    return a;
+  }
+  if (t == &PyList_Type || t == &PyTuple_Type) {
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(a);
+    PyObject** items = PySequence_Fast_ITEMS(a);
+    if (PyList_Append(key, reinterpret_cast<PyObject*>(t)) < 0) return nullptr;
+    if (allInts(a)) {
+      for (Py_ssize_t j = 0; j < size; ++j) {
+        if (PyList_Append(key, items[j]) < 0) return nullptr;
+      }
+      Ref len(PyLong_FromSsize_t(size));
+      if (!len || PyList_Append(key, len.get()) < 0) return nullptr;
+      if (t == &PyList_Type) return PyList_GetSlice(a, 0, size);  // a copy: the program may change its list
+      Py_INCREF(a);
+      return a;
+    }
+    // A list of tensors (aten::cat) or of mixed kinds: each element's form; ints stand for themselves.
+    Ref out(t == &PyList_Type ? PyList_New(size) : PyTuple_New(size));
+    if (!out) return nullptr;
+    for (Py_ssize_t j = 0; j < size; ++j) {
+      PyObject* item;
+      if (PyLong_CheckExact(items[j])) {
+        if (PyList_Append(key, items[j]) < 0) return nullptr;
+        Py_INCREF(items[j]);
+        item = items[j];
+      } else {
+        item = convert(items[j], key, runtime);
+        if (item == nullptr) return nullptr;
+      }
+      if (t == &PyList_Type) {
+        PyList_SET_ITEM(out.get(), j, item);  // steals
+      } else {
+        PyTuple_SET_ITEM(out.get(), j, item);
+      }
+    }
+    Ref len(PyLong_FromSsize_t(size));
+    if (!len || PyList_Append(key, len.get()) < 0) return nullptr;
+    return out.release();
+  }
+  return nullptr;
+}
 
 /// recorder._prepare's common cases (see the top of this file). Returns false with no Python
 /// error set when the call is not of that form, false with an error set on failure.
 bool prepare(PyObject* func_id, PyObject* args, PyObject* kwargs, Prepared& out) {
   if (!PyTuple_CheckExact(args)) return false;
-  if (kwargs != nullptr && kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return false;
+  if (kwargs != nullptr && kwargs != Py_None && !PyDict_Check(kwargs)) return false;
   const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
   Ref key(PyList_New(0));
   Ref rec(PyTuple_New(nargs));
-  if (!key || !rec) return false;
+  Ref rec_kwargs(PyDict_New());
+  if (!key || !rec || !rec_kwargs) return false;
   if (PyList_Append(key.get(), func_id) < 0) return false;
   PyObject* runtime = nullptr;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
-    PyObject* a = PyTuple_GET_ITEM(args, i);
-    PyTypeObject* t = Py_TYPE(a);
-    PyObject* rec_item = nullptr;  // new reference
-    if (reinterpret_cast<PyObject*>(t) == g.lazy_tensor) {
-      Ref rt(g.t_runtime.get(a));
-      if (!rt) return false;
-      if (runtime != nullptr && runtime != rt.get()) return false;  // Python raises the device error
-      runtime = rt.get();  // borrowed: the argument keeps it
-      Ref desc(g.t_desc.get(a));
-      if (!desc || PyList_Append(key.get(), desc.get()) < 0) return false;
-      Ref cell(g.t_cell.get(a));
-      if (!cell) return false;
-      Ref value(g.c_value.get(cell.get()));
-      if (!value) return false;
-      Ref error(g.v_error.get(value.get()));
-      if (!error) return false;
-      if (error.get() != Py_None) return false;  // Python raises it
-      rec_item = value.release();
-    } else if (t == &PyLong_Type || t == &PyUnicode_Type || a == Py_None ||
-               reinterpret_cast<PyObject*>(t) == g.dtype_type) {
-      if (PyList_Append(key.get(), a) < 0) return false;
-      Py_INCREF(a);
-      rec_item = a;
-    } else if (t == &PyFloat_Type || t == &PyBool_Type) {
-      // Tagged with the type: 1 == 1.0 == True (recorder._record_form).
-      if (PyList_Append(key.get(), reinterpret_cast<PyObject*>(t)) < 0) return false;
-      const bool nan = t == &PyFloat_Type && PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a);
-      if (PyList_Append(key.get(), nan ? n.nan : a) < 0) return false;
-      Py_INCREF(a);
-      rec_item = a;
-    } else if ((t == &PyList_Type || t == &PyTuple_Type) && allInts(a)) {
-      const Py_ssize_t size = PySequence_Fast_GET_SIZE(a);
-      if (PyList_Append(key.get(), reinterpret_cast<PyObject*>(t)) < 0) return false;
-      PyObject** items = PySequence_Fast_ITEMS(a);
-      for (Py_ssize_t j = 0; j < size; ++j) {
-        if (PyList_Append(key.get(), items[j]) < 0) return false;
-      }
-      Ref len(PyLong_FromSsize_t(size));
-      if (!len || PyList_Append(key.get(), len.get()) < 0) return false;
-      if (t == &PyList_Type) {
-        rec_item = PyList_GetSlice(a, 0, size);  // a copy: the program may change its list
-        if (rec_item == nullptr) return false;
-      } else {
-        Py_INCREF(a);
-        rec_item = a;
-      }
-    } else {
-      return false;
+    PyObject* item = convert(PyTuple_GET_ITEM(args, i), key.get(), runtime);
+    if (item == nullptr) return false;
+    PyTuple_SET_ITEM(rec.get(), i, item);  // steals
+  }
+  if (kwargs != nullptr && kwargs != Py_None) {
+    PyObject *name, *a;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kwargs, &pos, &name, &a)) {
+      if (PyList_Append(key.get(), name) < 0) return false;
+      Ref item(convert(a, key.get(), runtime));
+      if (!item || PyDict_SetItem(rec_kwargs.get(), name, item.get()) < 0) return false;
     }
-    PyTuple_SET_ITEM(rec.get(), i, rec_item);  // steals
   }
   if (runtime == nullptr) return false;
   out.key.reset(PyList_AsTuple(key.get()));
   if (!out.key) return false;
   out.rec.reset(rec.release());
+  out.kwargs.reset(rec_kwargs.release());
   out.runtime = runtime;
   return true;
 }
@@ -221,6 +257,55 @@ PyObject* newStorage() {
   return storage.release();
 }
 
+/// Gives `state` a new Cell on `value` in `runtime`: one more tensor on the value and its
+/// storage, the cell registered in runtime._refs (Runtime.track). False with an error set.
+bool attachValue(LazyState& state, PyObject* value, PyObject* runtime) {
+  Ref cell(allocate(g.cell));
+  if (!cell || !g.c_value.set(cell.get(), value)) return false;
+  if (!addToInt(value, g.v_tensors, 1)) return false;
+  Ref storage(g.v_storage.get(value));
+  if (!storage || !addToInt(storage.get(), g.s_live, 1)) return false;
+  Ref refs(PyObject_GetAttr(runtime, n.refs));
+  Ref cell_id(PyLong_FromVoidPtr(cell.get()));  // keyed by id: the runtime's books
+  if (!refs || !cell_id || PyObject_SetItem(refs.get(), cell_id.get(), cell.get()) < 0) return false;
+  Py_INCREF(runtime);
+  Py_XSETREF(state.runtime, runtime);
+  Py_XSETREF(state.cell, cell.release());
+  return true;
+}
+
+}  // namespace
+
+bool attachCopy(const LazyState& source, LazyState& copy) {
+  if (!configured()) return false;
+  Ref value(g.c_value.get(source.cell));
+  if (!value) return false;
+  Py_XINCREF(source.desc);
+  Py_XSETREF(copy.desc, source.desc);
+  return attachValue(copy, value.get(), source.runtime);
+}
+
+void releaseState(LazyState& state) {
+  PyObject *type, *error, *traceback;
+  PyErr_Fetch(&type, &error, &traceback);  // a destructor may run while an error is being raised
+  if (state.cell != nullptr && state.runtime != nullptr) {
+    // Runtime._on_tensor_dead, inlined: no Python code runs (destructors run anywhere).
+    Ref refs(PyObject_GetAttr(state.runtime, n.refs));
+    Ref cell_id(PyLong_FromVoidPtr(state.cell));
+    if (refs && cell_id && PyDict_Check(refs.get()) && PyDict_DelItem(refs.get(), cell_id.get()) < 0) PyErr_Clear();
+    Ref dead(PyObject_GetAttr(state.runtime, n.dead));
+    Ref value(g.c_value.get(state.cell));
+    if (dead && value && PyList_Append(dead.get(), value.get()) < 0) PyErr_Clear();
+    PyErr_Clear();
+  }
+  Py_CLEAR(state.cell);
+  Py_CLEAR(state.runtime);
+  Py_CLEAR(state.desc);
+  PyErr_Restore(type, error, traceback);
+}
+
+namespace {
+
 /// LazyTensor._make (genie.lazy): a new LazyTensor of type `cls` for `value` with descriptor
 /// `desc` = (shape, strides, offset, dtype); `base` (or None): the tensor it is a view of.
 PyObject* makeLazy(PyObject* cls, PyObject* desc, bool contiguous, PyObject* value, PyObject* runtime,
@@ -242,24 +327,42 @@ PyObject* makeLazy(PyObject* cls, PyObject* desc, bool contiguous, PyObject* val
   const bool has_base = base != nullptr && base != Py_None;
   Ref r(makeWrapperFast(wrapper_args, has_base ? 7 : 6));
   if (!r) return nullptr;
-  if (!g.t_desc.set(r.get(), desc)) return nullptr;
-  Ref callback(PyObject_GetAttr(runtime, n.dead_callback));
-  if (!callback) return nullptr;
-  PyObject* cell_args[2] = {r.get(), callback.get()};
-  Ref cell(PyObject_Vectorcall(g.cell, cell_args, 2, nullptr));
-  if (!cell) return nullptr;
-  if (!g.c_value.set(cell.get(), value) || !g.t_cell.set(r.get(), cell.get()) ||
-      !g.t_runtime.set(r.get(), runtime)) {
+  LazyState* state = lazyStateOf(r.get());
+  if (state == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "make_lazy: the wrapper is not a LazyTensor's");
     return nullptr;
   }
-  if (!addToInt(value, g.v_tensors, 1)) return nullptr;
-  Ref storage(g.v_storage.get(value));
-  if (!storage || !addToInt(storage.get(), g.s_live, 1)) return nullptr;
-  // Runtime.track, inlined: keyed by id (hashing a weakref hashes the tensor).
-  Ref refs(PyObject_GetAttr(runtime, n.refs));
-  Ref cell_id(PyLong_FromVoidPtr(cell.get()));
-  if (!refs || !cell_id || PyObject_SetItem(refs.get(), cell_id.get(), cell.get()) < 0) return nullptr;
+  Py_INCREF(desc);
+  Py_XSETREF(state->desc, desc);
+  if (!attachValue(*state, value, runtime)) return nullptr;
   return r.release();
+}
+
+/// lazy_state(tensor) -> (cell, runtime, desc) | None.
+PyObject* lazyStatePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_Format(PyExc_TypeError, "lazy_state(tensor) takes 1 argument, got %zd", nargs);
+    return nullptr;
+  }
+  const LazyState* state = lazyStateOf(args[0]);
+  if (state == nullptr || state->cell == nullptr) Py_RETURN_NONE;
+  return PyTuple_Pack(3, state->cell, state->runtime, state->desc);
+}
+
+/// set_lazy_desc(tensor, desc): a LazyTensor's descriptor after its geometry changed.
+PyObject* setLazyDescPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_lazy_desc(tensor, desc): desc must be a tuple (shape, strides, offset, dtype)");
+    return nullptr;
+  }
+  LazyState* state = lazyStateOf(args[0]);
+  if (state == nullptr) {
+    PyErr_Format(PyExc_TypeError, "set_lazy_desc: expected a LazyTensor, got %s", Py_TYPE(args[0])->tp_name);
+    return nullptr;
+  }
+  Py_INCREF(args[1]);
+  Py_XSETREF(state->desc, args[1]);
+  Py_RETURN_NONE;
 }
 
 PyObject* makeLazyPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -276,9 +379,7 @@ PyObject* makeLazyPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 /// (runtime, node args, {}, key): recorder._prepare's result.
 PyObject* preparedTuple(const Prepared& p) {
-  Ref kwargs(PyDict_New());
-  if (!kwargs) return nullptr;
-  return PyTuple_Pack(4, p.runtime, p.rec.get(), kwargs.get(), p.key.get());
+  return PyTuple_Pack(4, p.runtime, p.rec.get(), p.kwargs.get(), p.key.get());
 }
 
 PyObject* prepareFastPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -296,22 +397,18 @@ PyObject* prepareFastPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return preparedTuple(p);
 }
 
+}  // namespace
+
 /// recorder.record_op for a plan hit with `single` set; the prepared call for another call
 /// prepare covers; NotImplemented otherwise (see the top of this file).
-PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "record_single(func, args, kwargs) takes 3 arguments, got %zd", nargs);
-    return nullptr;
-  }
+PyObject* recordCall(PyObject* func, PyObject* call_args, PyObject* call_kwargs) {
   if (!configured()) return nullptr;
-  PyObject* func = args[0];
-  PyObject* call_args = args[1];
   Ref id(PyLong_FromVoidPtr(func));  // id(func)
   if (!id) return nullptr;
   if (PyDict_GetItemWithError(g.special, id.get()) != nullptr) Py_RETURN_NOTIMPLEMENTED;  // borrowed
   if (PyErr_Occurred()) return nullptr;
   Prepared p;
-  if (!prepare(id.get(), call_args, args[2], p)) {
+  if (!prepare(id.get(), call_args, call_kwargs, p)) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NOTIMPLEMENTED;
   }
@@ -330,10 +427,9 @@ PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long view_of = PyLong_AsLong(PyTuple_GET_ITEM(single.get(), 2));
   if (view_of == -1 && PyErr_Occurred()) return nullptr;
 
-  Ref kwargs(PyDict_New());
   Ref one(PyLong_FromLong(1));
-  if (!kwargs || !one) return nullptr;
-  Ref node(newNode(func, p.rec.get(), kwargs.get(), one.get()));
+  if (!one) return nullptr;
+  Ref node(newNode(func, p.rec.get(), p.kwargs.get(), one.get()));
   if (!node) return nullptr;
   {
     Ref recorded(PyObject_CallMethodOneArg(p.runtime, n.record, node.get()));
@@ -341,15 +437,14 @@ PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   PyObject* base = nullptr;
   if (view_of >= 0 && view_of < PyTuple_GET_SIZE(call_args) &&
-      reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(call_args, view_of))) == g.lazy_tensor) {
+      lazyStateOf(PyTuple_GET_ITEM(call_args, view_of)) != nullptr) {
     base = PyTuple_GET_ITEM(call_args, view_of);
   }
   Ref storage;
   if (base == nullptr) {
     storage.reset(newStorage());
   } else {
-    Ref cell(g.t_cell.get(base));
-    Ref value(cell ? g.c_value.get(cell.get()) : nullptr);
+    Ref value(g.c_value.get(lazyStateOf(base)->cell));
     storage.reset(value ? g.v_storage.get(value.get()) : nullptr);
   }
   if (!storage) return nullptr;
@@ -360,6 +455,16 @@ PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Ref outputs(PyTuple_Pack(1, value.get()));
   if (!outputs || !g.n_outputs.set(node.get(), outputs.get())) return nullptr;
   return makeLazy(g.lazy_tensor, desc, contiguous != 0, value.get(), p.runtime, base);
+}
+
+namespace {
+
+PyObject* recordSinglePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "record_single(func, args, kwargs) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  return recordCall(args[0], args[1], args[2]);
 }
 
 PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -374,8 +479,7 @@ PyObject* configurePy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const bool ok = configure(
       "configure_recorder", args, {0, 1, 2, 3, 4, 7},
-      {{args[0], {{"_runtime", &g.t_runtime}, {"_desc", &g.t_desc}, {"_cell", &g.t_cell}}},
-       {args[1], {{"value", &g.c_value}}},
+      {{args[1], {{"value", &g.c_value}}},
        {args[2], {{"op", &g.n_op}, {"args", &g.n_args}, {"kwargs", &g.n_kwargs}, {"num_outputs", &g.n_num_outputs},
                   {"seq", &g.n_seq}, {"outputs", &g.n_outputs}, {"writes", &g.n_writes}}},
        {args[3], {{"node", &g.v_node}, {"index", &g.v_index}, {"handle", &g.v_handle}, {"storage", &g.v_storage},
@@ -401,6 +505,12 @@ PyMethodDef g_methods[] = {
      "(genie.recorder.record_op's `single` case). Any other call prepare_fast covers: prepare_fast's "
      "tuple, for recorder.record_op(func, args, kwargs, prepared). NotImplemented for the rest "
      "(special ops, other argument kinds)."},
+    {"lazy_state", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&lazyStatePy)), METH_FASTCALL,
+     "lazy_state(tensor) -> (cell, runtime, desc) | None: the recording state a LazyTensor's TensorImpl holds "
+     "(genie.lazy.Cell, genie.runtime.Runtime, (shape, strides, offset, dtype)); None for any other tensor."},
+    {"set_lazy_desc", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&setLazyDescPy)), METH_FASTCALL,
+     "set_lazy_desc(tensor, desc): sets a LazyTensor's descriptor (after its geometry changed: resize, set_data). "
+     "TypeError for another tensor or a malformed desc."},
     {"make_lazy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&makeLazyPy)), METH_FASTCALL,
      "make_lazy(cls, desc, contiguous, value, runtime[, base]) -> LazyTensor (genie.lazy.LazyTensor._make)."},
     {nullptr, nullptr, 0, nullptr}};
@@ -408,7 +518,7 @@ PyMethodDef g_methods[] = {
 }  // namespace
 
 void bindRecorderFast(py::module_& m) {
-  n = Names{intern("single"), intern("index"), intern("record"), intern("_dead_callback"), intern("_refs"),
+  n = Names{intern("single"), intern("index"), intern("record"), intern("dead"), intern("_refs"),
             intern("nan")};
   if (!addFunctions(m.ptr(), g_methods)) throw py::error_already_set();
 }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _session
+from . import _C, _session
 from .device import _device_of, device_count, synchronize  # noqa: F401 - part of genie's API
 from .graph import Graph
 from .runtime import all_runtimes, locked, runtime_for
@@ -84,13 +84,19 @@ def client_stats() -> dict:
     """This process's traffic over all devices since start: `bytes_sent`, `bytes_received`
     (headers and payloads, bytes), `messages_sent`, `round_trips` (requests that waited for a
     reply), `async_runs` (graphs sent without waiting), `node_exec_us` (the nodes' execution
-    time of every answered graph, µs), `graphs_registered`."""
+    time of every answered graph, µs), `graphs_registered`, and how the ops on LazyTensors were
+    handled since start: `ops_recorded_cpp` (recorded by the C++ plan path of the PrivateUse1
+    kernel), `ops_handled_python` (by genie.recorder: first calls of a shape, ops with several
+    outputs or in-place writes, transfers, reads, data-dependent and compatibility ops)."""
     total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0,
              "node_exec_us": 0}
     for runtime in all_runtimes():
         for k, v in runtime.counters().items():
             total[k] = total.get(k, 0) + v
     total["graphs_registered"] = sum(len(r.graphs) for r in all_runtimes())
+    ops = _C.recorder_counters()
+    total["ops_recorded_cpp"] = ops["cpp"]
+    total["ops_handled_python"] = ops["python"]
     return total
 
 

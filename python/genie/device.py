@@ -10,7 +10,8 @@
 - PrivateUse1 kernels for the ops PyTorch calls with only a device to dispatch on:
   `aten::empty.memory_format` and `aten::empty_strided` (factories, `tensor.to(...)`, `module.to(...)`)
   record a pending value; `aten::_copy_from` (`torch.tensor(data, device=...)`) uploads.
-Everything else reaches `LazyTensor.__torch_dispatch__`.
+Every other op on a LazyTensor reaches the recorder's PrivateUse1 kernel (genie._C,
+python/csrc/dispatch_fallback.cc), registered here after those.
 """
 
 from __future__ import annotations
@@ -122,12 +123,11 @@ def register() -> None:
     _library.impl("empty_strided", locked(lambda *a, **k: record_factory(aten.empty_strided.default, a, k)),
                   "PrivateUse1")
     _library.impl("_copy_from", locked(lambda *a, **k: _copy(aten._copy_from.default, a, k)), "PrivateUse1")
-    # Composite ops kept whole: a PrivateUse1 kernel stops PyTorch from decomposing them before
-    # __torch_dispatch__, so the node runs its fused kernel and the graph shows attention as such.
-    # A kernel for a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a
-    # differentiable path when autograd needs one.
-    for name in _WHOLE_OPS:
-        _library.impl(name, _never_called(name), "PrivateUse1")
+    # Composite ops kept whole: the recorder's PrivateUse1 kernel stops PyTorch from decomposing
+    # them, so the node runs its fused kernel and the graph shows attention as such. A kernel for
+    # a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a differentiable
+    # path when autograd needs one.
+    _C.register_recorder_kernels(list(_WHOLE_OPS))
     _library.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
     for name in _WHOLE_RNN_OPS:
         packet, overload = name.split(".")
@@ -192,11 +192,4 @@ def _rnn_autograd(op):
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args)
 
-    return kernel
-
-
-def _never_called(name: str):
-    def kernel(*args, **kwargs):
-        raise RuntimeError(f"aten::{name} reached genie's PrivateUse1 kernel: it should have been recorded "
-                           "by LazyTensor.__torch_dispatch__")
     return kernel

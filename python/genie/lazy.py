@@ -1,12 +1,12 @@
 """LazyTensor: the `torch.Tensor` subclass that stands for a tensor on `remote_accelerator`.
 
-Interception only (the shape of PyTorch's `LoggingTensor`,
-`torch/testing/_internal/logging_tensor.py`): `__torch_dispatch__` hands every aten call to
-`genie.recorder.dispatch`, which records it. A LazyTensor owns no memory: it is a wrapper
-subclass made from a descriptor (sizes, strides, storage offset, dtype) that shape inference
-computed locally, so `.shape`, `.dtype`, `.device` and `.size()` never cost a round trip. Its value
-(`_cell.value`, a `genie.graph.Value`) is either pending in the runtime's graph or resident
-on the node under a handle.
+A LazyTensor owns no memory: its TensorImpl (made by `genie._C.make_lazy` from a descriptor
+(sizes, strides, storage offset, dtype) that shape inference computed locally) carries the
+PrivateUse1 dispatch keys and no Python key, so `.shape`, `.dtype`, `.device` and `.size()` never
+cost a round trip and every aten op on it passes autograd as on any device and reaches the
+recorder's PrivateUse1 kernel (python/csrc/dispatch_fallback.cc), which records it. Its value
+(`_cell.value`, a `genie.graph.Value`) is either pending in the runtime's graph or resident on
+the node under a handle.
 
 Materialization points (`.cpu()`, `.item()`, `.tolist()`, `.numpy()`, `bool()`, `print`,
 `__index__`) reach the runtime through the aten ops PyTorch calls for them
@@ -17,7 +17,6 @@ methods PyTorch does not route through the dispatcher.
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 
@@ -25,16 +24,13 @@ from . import _C
 from .graph import Value, op_name
 
 
-class Cell(weakref.ref):
-    """A weak reference to a LazyTensor that holds the tensor's current `value` (a
-    `genie.graph.Value`): in-place ops rebind `value`; when the tensor dies, the runtime's
-    callback reads it. One object per tensor, kept by the tensor (`_cell`) and by its runtime
-    (`Runtime._refs`, until the tensor dies)."""
+class Cell:
+    """The current `value` (a `genie.graph.Value`) of one LazyTensor: in-place ops rebind it.
+    One object per tensor, held by its TensorImpl (`genie._C.lazy_state`) and by its runtime
+    (`Runtime._refs`, until the tensor dies: the TensorImpl's destructor queues the value as
+    dead, python/csrc/recorder_fast.cc `releaseState`)."""
 
     __slots__ = ("value",)
-
-
-_record_single = _C.record_single
 
 
 # The process lock: recording, runs and every entry point into the runtimes hold it, so threads
@@ -45,11 +41,10 @@ lock = threading.RLock()
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
-    `desc` is (shape, strides, storage_offset, dtype). Attributes (private): `_cell` (a `Cell`:
-    its current `Value`), `_runtime` (the `genie.runtime.Runtime` of its device).
+    `desc` is (shape, strides, storage_offset, dtype). The recording state lives in the C++
+    TensorImpl (so PyTorch's shallow copies carry it): `_cell` (a `Cell`: its current `Value`),
+    `_runtime` (the `genie.runtime.Runtime` of its device), `_desc` (its descriptor).
     """
-
-    __slots__ = ("_cell", "_runtime", "_desc")
 
     @staticmethod
     def __new__(cls, desc: tuple, value: Value, runtime, base: torch.Tensor | None = None) -> "LazyTensor":
@@ -59,27 +54,30 @@ class LazyTensor(torch.Tensor):
     # runtime, base)`; `contiguous` says that desc's strides are the default ones of its shape
     # and its offset 0 (the wrapper is then made faster). `base`: the tensor this one is a view
     # of, if any; the view is an inference tensor exactly when its base is one, as PyTorch's
-    # views are (`genie._C.make_wrapper`). The new tensor gets `_desc` (the shape-cache key
-    # part), `_cell` (a `Cell` holding `value`, watched by `runtime._refs`: Runtime.track) and
-    # `_runtime`; `value.tensors` and `value.storage.live` count it. In C++
-    # (`genie._C.make_lazy`, python/csrc/recorder_fast.cc): once per recorded output.
+    # views are (`genie._C.make_wrapper`). The TensorImpl gets the descriptor, a `Cell` holding
+    # `value` (registered in `runtime._refs`) and the runtime; `value.tensors` and
+    # `value.storage.live` count it. In C++ (`genie._C.make_lazy`, python/csrc/recorder_fast.cc).
     _make = classmethod(_C.make_lazy)
 
-    # Only the dispatcher level is intercepted: no per-call __torch_function__ overhead.
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @property
+    def _cell(self) -> Cell:
+        return _C.lazy_state(self)[0]
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        with lock:  # threads are serialized op by op (genie.runtime "Threads")
-            # The common case in C++: an op whose shapes were seen before that makes one new
-            # tensor or a view (python/csrc/recorder_fast.cc); the recorder takes the rest,
-            # given the prepared call (a tuple) when the C++ walk made it.
-            out = _record_single(func, args, kwargs)
-            if out is NotImplemented:
-                return _dispatch(func, args, kwargs or {})
-            if type(out) is tuple:
-                return _record_op(func, args, kwargs or {}, out)
-            return out
+    @property
+    def _runtime(self):
+        return _C.lazy_state(self)[1]
+
+    @property
+    def _desc(self) -> tuple:
+        return _C.lazy_state(self)[2]
+
+    @_desc.setter
+    def _desc(self, desc: tuple) -> None:
+        _C.set_lazy_desc(self, desc)
+
+    # Only the dispatcher level is intercepted (the PrivateUse1 kernel): no per-call
+    # __torch_function__ overhead.
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @property
     def operation(self) -> str | None:
@@ -158,3 +156,5 @@ from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports
 from .recorder import record_op as _record_op  # noqa: E402
 
 _shape_rules.lazy_type = LazyTensor  # the shapes layer reads LazyTensor descriptors without importing capture
+# The PrivateUse1 kernel records under the process lock: the C++ plan path first, these for the rest.
+_C.configure_fallback(LazyTensor, lock, _dispatch, _record_op)

@@ -31,7 +31,7 @@ class OpInfo:
     they are recorded as writing the runtime's generator (`Runtime.rng`), so none is dropped
     as dead and each draws in program order, as locally. `composite` ops have a
     CompositeImplicitAutograd kernel and no remote_accelerator (PrivateUse1) kernel: PyTorch
-    decomposes them above autograd, so they reach `__torch_dispatch__` only where autograd is
+    decomposes them above autograd, so they reach the recorder only where autograd is
     skipped (`torch.inference_mode()`, whose tensors have no autograd keys); they are then
     decomposed here as PyTorch would (`OpOverload.decompose`), never recorded whole.
     """

@@ -1,6 +1,7 @@
 """Recording: what happens to one aten call on LazyTensors.
 
-`dispatch(func, args, kwargs)` is `LazyTensor.__torch_dispatch__`. For an ordinary op it
+`dispatch(func, args, kwargs)` is what the PrivateUse1 kernel (python/csrc/dispatch_fallback.cc)
+calls for an op its C++ path does not record. For an ordinary op it
 1. checks devices (PyTorch's rule: tensors on one device; 0-dim CPU tensors and Python scalars
    may join them; those CPU tensors travel inline as `Constant`s),
 2. infers the outputs' sizes, strides and dtypes locally (no round trip): from a cache keyed by

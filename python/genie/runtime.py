@@ -14,13 +14,13 @@ One `Runtime` per `remote_accelerator:N`, each with its own `genie._C.Client` se
   (`genie.lower`), registers it once per structure, and runs it with RunGraph. Outputs the
   program still holds stay resident under fresh 128-bit handles; only `returned` values'
   bytes come back; handles of dead tensors are freed in the same message (RunGraph.free).
-- Dead LazyTensors are noticed by weakref callbacks, which only append to a list; the
-  list is drained at the next request (never from inside a callback).
-- Threads: every entry into the runtimes (an op reaching `LazyTensor.__torch_dispatch__`, the
+- Dead LazyTensors are reported by their TensorImpl's destructor, which only appends the value
+  to `dead` (no Python code runs); the list is drained at the next request.
+- Threads: every entry into the runtimes (an op reaching the recorder's PrivateUse1 kernel, the
   device's PrivateUse1 kernels, the `genie` API) holds `lock`, one reentrant lock per
   process, so threads that use remote devices at once are serialized op by op, as one CUDA
   stream serializes their kernels (their recorded ops interleave in one pending graph; each
-  thread's values are its own). Weakref callbacks never take it.
+  thread's values are its own). TensorImpl destructors never take it.
 
 Errors: a failed run marks the values it would have produced as lost (using one re-raises
 the error) and leaves everything else usable; a lost connection marks every value of the
@@ -92,8 +92,9 @@ class Runtime:
         self._lineage_entry: dict[int, int] = {}  # asynchronous runs: request id -> its lineage entry
         self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
         self._cache_write_open = False  # a KV-cache write recorded that attention has not read yet
-        self._refs: dict[int, weakref.ref] = {}  # id(cell) -> the Cell of each live LazyTensor
-        self._dead_callback = self._on_tensor_dead  # one bound method for every weakref
+        # id(cell) -> the Cell of each live LazyTensor; a TensorImpl's destructor removes its
+        # cell and appends its value to `dead` (python/csrc/recorder_fast.cc `releaseState`).
+        self._refs: dict[int, object] = {}
         self._rng_state_desc: tuple | None = None  # the node generator's state: (shape, strides, offset, dtype)
         if _seed is not None:
             self.manual_seed(_seed)
@@ -112,8 +113,7 @@ class Runtime:
     def _lost(self, error: BaseException) -> None:
         """The node went away: every value of the session is lost; the next call reconnects."""
         for cell in list(self._refs.values()):
-            if cell() is not None:
-                cell.value.error = error
+            cell.value.error = error
         for node in self.pending:
             for v in node.outputs:
                 v.error = error
@@ -248,13 +248,6 @@ class Runtime:
         return first
 
     # ---- tensors ------------------------------------------------------------------------
-
-    def _on_tensor_dead(self, cell) -> None:
-        """The callback of every LazyTensor's `Cell` (made in `LazyTensor._make`, kept in
-        `_refs`): the tensor died, its value is queued as dead (`dead`). May run during any
-        allocation, so it only appends."""
-        self._refs.pop(id(cell), None)
-        self.dead.append(cell.value)
 
     def value_of(self, tensor) -> Value:
         value = tensor._cell.value

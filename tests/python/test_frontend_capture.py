@@ -346,3 +346,56 @@ def test_threads_using_the_device_at_once_get_their_own_results():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert failures == []
+
+
+def test_ops_reach_the_recorder_through_privateuse1_without_python_dispatch():
+    # A LazyTensor's TensorImpl carries the device's dispatch keys only: ops pass autograd and
+    # reach the recorder's PrivateUse1 kernel, which records repeated shapes in C++.
+    x = torch.randn(8, 8, device=DEV)
+    keys = str(torch._C._dispatch_keys(x))
+    assert "PrivateUse1" in keys and "Python" not in keys, keys
+
+    def program(t):
+        return torch.cat([(t * 2 + 1).relu(), t.t()], dim=0).sum(dim=1, keepdim=True)
+
+    program(x)  # plans the shapes (Python)
+    before = genie.client_stats()
+    out = program(x)
+    after = genie.client_stats()
+    assert after["ops_recorded_cpp"] - before["ops_recorded_cpp"] == 6  # mul, add, relu, t, cat, sum
+    assert after["ops_handled_python"] == before["ops_handled_python"]
+    torch.testing.assert_close(out.cpu(), program(x.cpu()))
+
+
+def test_shallow_copies_made_by_autograd_keep_the_value():
+    # relu saves its output for the backward as a shallow copy of the TensorImpl (no Python
+    # object); the copy holds the value even after the forward's tensor died.
+    w = torch.randn(4, 4, requires_grad=True)
+    wd = w.detach().to(DEV).requires_grad_()
+    (wd.relu() * 3).sum().backward()
+    (w.relu() * 3).sum().backward()
+    torch.testing.assert_close(wd.grad.cpu(), w.grad)
+
+
+def test_four_threads_record_at_once():
+    # Threads record into one pending graph, serialized op by op; each gets its own results.
+    import threading
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            x = torch.full((16, 16), float(i), device=DEV)
+            for _ in range(50):
+                x = (x * 1.0 + 1).relu()
+            results[i] = x.cpu()
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and sorted(results) == [0, 1, 2, 3]
+    for i, r in results.items():
+        assert torch.equal(r, torch.full((16, 16), float(i + 50))), i

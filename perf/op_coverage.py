@@ -293,11 +293,12 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, timeout_s: int = DEFA
     ops of small samples on the host's CPU, and the node's kernels would go untested."""
     from genie import host_eval
 
-    saved, host_eval.enabled = host_eval.enabled, False
+    saved = host_eval.is_enabled()
+    host_eval.set_enabled(False)
     try:
         return _run_opinfo(opinfo, max_samples, timeout_s, exact_random)
     finally:
-        host_eval.enabled = saved
+        host_eval.set_enabled(saved)
 
 
 def _run_opinfo(opinfo, max_samples: int, timeout_s: int, exact_random: bool | None) -> dict:

@@ -17,42 +17,12 @@ namespace py = pybind11;
 
 /// encode_graph, TensorRef, ScalarSlot (graph_encoder.cc).
 void bindGraphEncoder(py::module_& m);
-/// make_wrapper: a LazyTensor's tensor object without _make_wrapper_subclass (lazy_wrapper.cc).
-void bindLazyWrapper(py::module_& m);
-/// A LazyTensor's recording state, held by its TensorImpl (lazy_wrapper.cc: LazyTensorImpl), so
-/// that PyTorch's shallow copies of the tensor (detach, autograd's saved tensors, set_data) carry
-/// it. Strong references, touched with the GIL held: `cell` (a genie.lazy.Cell: the tensor's
-/// current genie.graph.Value), `runtime` (its genie.runtime.Runtime), `desc` ((shape, strides,
-/// offset, dtype), the shape-cache key part). All null until the recorder attaches them.
-struct LazyState {
-  PyObject* cell = nullptr;
-  PyObject* runtime = nullptr;
-  PyObject* desc = nullptr;
-};
-/// The state of `tensor` (a torch.Tensor object) when its TensorImpl is a LazyTensor's, else
-/// nullptr (no Python error set). lazy_wrapper.cc.
-LazyState* lazyStateOf(PyObject* tensor);
-/// Attaches `copy` to the value `source` holds now, counted as one more tensor on it (a new
-/// Cell, registered with the runtime): a shallow copy of a LazyTensor. False with a Python
-/// error set on failure. recorder_fast.cc.
-bool attachCopy(const LazyState& source, LazyState& copy);
-/// The tensor of `state` died: its value is queued as dead in its runtime, and the references
-/// are dropped. recorder_fast.cc; with the GIL held, never raises.
-void releaseState(LazyState& state);
-/// make_wrapper's implementation, for C++ callers: the same arguments, a new reference or
-/// nullptr with a Python error set (lazy_wrapper.cc).
-PyObject* makeWrapperFast(PyObject* const* args, Py_ssize_t nargs);
-/// record_single, prepare_fast, make_lazy, configure_recorder: the recorder's hot path (recorder_fast.cc).
-void bindRecorderFast(py::module_& m);
-/// recorder_fast.cc's record_single(func, args, kwargs) for C++ callers: the recorded result,
-/// the prepared call (a tuple) for the Python recorder, or NotImplemented; nullptr with a Python
-/// error set on failure. With the GIL and the process lock held.
-PyObject* recordCall(PyObject* func, PyObject* args, PyObject* kwargs);
-/// configure_fallback, register_recorder_kernels, recorder_counters: the PrivateUse1 kernel
-/// (dispatch_fallback.cc).
-void bindDispatchFallback(py::module_& m);
-/// live_nodes, lower, configure_cut: the cut of the pending graph (cut_fast.cc).
-void bindCutFast(py::module_& m);
+/// configure_recorder, register_recorder_kernels, record_op, recorder_counters: the recorder's
+/// PrivateUse1 kernel and its Python entry (dispatch_kernel.cc).
+void bindDispatchKernel(py::module_& m);
+/// Node, Value, Storage, Recording, Cut, the LazyTensor state functions and the process lock
+/// (frontend_bindings.cc).
+void bindFrontend(py::module_& m);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
 /// This thread's current remote_accelerator device, as c10's device guard keeps it (device_guard.cc).

@@ -553,10 +553,8 @@ PYBIND11_MODULE(_C, m) {
   const char* level = std::getenv("GENIE_LOG_LEVEL");
   if (level == nullptr || !genie::setLogLevel(level)) genie::setLogLevel("warn");
 
-  bindLazyWrapper(m);
-  bindRecorderFast(m);
-  bindDispatchFallback(m);
-  bindCutFast(m);
+  bindFrontend(m);
+  bindDispatchKernel(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
   m.def("current_device", &currentDevice,

@@ -85,15 +85,15 @@ def client_stats() -> dict:
     (headers and payloads, bytes), `messages_sent`, `round_trips` (requests that waited for a
     reply), `async_runs` (graphs sent without waiting), `node_exec_us` (the nodes' execution
     time of every answered graph, µs), `graphs_registered`, and how the ops on LazyTensors were
-    handled since start: `ops_recorded_cpp` (recorded by the C++ plan path of the PrivateUse1
-    kernel), `ops_handled_python` (by genie.recorder: first calls of a shape, ops with several
-    outputs or in-place writes, transfers, reads, data-dependent and compatibility ops)."""
+    handled since start: `ops_recorded_cpp` (recorded by the C++ recorder of the PrivateUse1
+    kernel), `ops_handled_python` (handed to genie.recorder: transfers between host and device,
+    reads, data-dependent, scalar-returning and compatibility ops, Python custom ops)."""
     total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0,
              "node_exec_us": 0}
     for runtime in all_runtimes():
         for k, v in runtime.counters().items():
             total[k] = total.get(k, 0) + v
-    total["graphs_registered"] = sum(len(r.graphs) for r in all_runtimes())
+    total["graphs_registered"] = sum(r.recording.graph_count for r in all_runtimes())
     ops = _C.recorder_counters()
     total["ops_recorded_cpp"] = ops["cpp"]
     total["ops_handled_python"] = ops["python"]
@@ -109,16 +109,14 @@ def capture(device="remote_accelerator:0"):
     LazyTensors on `device`, and every recorded op is logged; `genie.get_graph()` then
     returns what was recorded (seed 000's capture API)."""
     global _last_graph
-    runtime = runtime_for(torch.device(device))
-    log: list = []
-    previous = runtime.capture_log
-    runtime.capture_log = log
+    recording = runtime_for(torch.device(device)).recording
+    recording.logging = True
     try:
         with torch.device(device):
             yield
     finally:
-        runtime.capture_log = previous
-        _last_graph = Graph(log)
+        _last_graph = Graph(recording.log)
+        recording.logging = False
 
 
 def get_graph() -> Graph:

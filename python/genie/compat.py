@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from . import _C
 from .graph import op_name
-from .lazy import LazyTensor
-from .recorder import _HostTensor, record_op
+from .recorder import record_op
 
 aten = torch.ops.aten
 
@@ -54,9 +54,8 @@ def _host_indices(func, args, kwargs):
     self, indices = args[0], args[1]
     # Common case first (device or no indices): exact type tests, nothing rebuilt. 0-dim host
     # indices stay as they are: they travel inline, as any 0-dim host tensor.
-    if type(self) is LazyTensor and indices and any(i is not None and type(i) is not LazyTensor and i.dim() > 0
-                                                    for i in indices):
-        moved = [i if i is None or type(i) is LazyTensor or i.dim() == 0 else i.to(self.device) for i in indices]
+    if _C.is_lazy(self) and indices and any(i is not None and not _C.is_lazy(i) and i.dim() > 0 for i in indices):
+        moved = [i if i is None or _C.is_lazy(i) or i.dim() == 0 else i.to(self.device) for i in indices]
         args = (self, moved, *args[2:])
     return record_op(func, args, kwargs)
 
@@ -65,9 +64,10 @@ def _rnn_with_batch_sizes(func, args, kwargs):
     """aten::lstm.data / aten::gru.data (an RNN over a packed sequence, recorded whole, see
     `device._WHOLE_RNN_OPS`): `batch_sizes` (args[1], int64 [T]) is a host tensor by design."""
     data, batch_sizes = args[0], args[1]
-    if not isinstance(batch_sizes, LazyTensor):
-        args = (data, _HostTensor(batch_sizes.to(torch.int64)), *args[2:])
-    return record_op(func, args, kwargs)
+    if _C.is_lazy(batch_sizes):
+        return record_op(func, args, kwargs)
+    args = (data, batch_sizes.to(torch.int64), *args[2:])
+    return record_op(func, args, kwargs, host_args=(1,))
 
 
 def _pack_padded_sequence(func, args, kwargs):
@@ -79,7 +79,7 @@ def _pack_padded_sequence(func, args, kwargs):
     cat). Raises RuntimeError for lengths PyTorch refuses (not decreasing, 0, past T)."""
     input, lengths = args[0], args[1]
     batch_first = args[2] if len(args) > 2 else kwargs.get("batch_first", False)
-    if isinstance(lengths, LazyTensor):
+    if _C.is_lazy(lengths):
         raise RuntimeError(f"{op_name(func)}: 'lengths' argument should be a 1D CPU int64 tensor, "
                            f"but got 1D {lengths.device} Long tensor")
     lengths = lengths.to(torch.int64).tolist()
@@ -144,3 +144,6 @@ HANDLERS = {
     aten.set_.source_Storage: _storage_access,
     aten.set_.source_Storage_storage_offset: _storage_access,
 }
+# Handled here only when an index is a host tensor; the C++ recorder records the rest.
+CONDITIONAL = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                         aten._index_put_impl_.default})

@@ -7,11 +7,10 @@
   and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
 - the node's own operators `genie::manual_seed`, `genie::get_rng_state` and `genie::set_rng_state`,
   which `torch.manual_seed` and the device's RNG-state functions reach;
-- PrivateUse1 kernels for the ops PyTorch calls with only a device to dispatch on:
-  `aten::empty.memory_format` and `aten::empty_strided` (factories, `tensor.to(...)`, `module.to(...)`)
-  record a pending value; `aten::_copy_from` (`torch.tensor(data, device=...)`) uploads.
-Every other op on a LazyTensor reaches the recorder's PrivateUse1 kernel (genie._C,
-python/csrc/dispatch_fallback.cc), registered here after those.
+- the recorder's PrivateUse1 kernel (genie._C, python/csrc/dispatch_kernel.cc): every op on a
+  LazyTensor, and every factory with a remote_accelerator device, reaches it;
+- AutogradPrivateUse1 kernels for the composite ops kept whole (SDPA, LSTM, GRU), which take a
+  differentiable path when a gradient flows, and for `ctc_loss` with host lengths.
 """
 
 from __future__ import annotations
@@ -105,9 +104,6 @@ def register() -> None:
     global _registered, _library
     if _registered:
         return
-    from .recorder import record_factory
-    from .transfers import copy as _copy
-    from .runtime import locked
     torch.utils.rename_privateuse1_backend("remote_accelerator")
     torch._register_device_module("remote_accelerator", _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
@@ -118,11 +114,6 @@ def register() -> None:
     _genie_library.define("manual_seed(Device device, int seed) -> ()")
     _genie_library.define("get_rng_state(Device device) -> Tensor")
     _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")
-    _library.impl("empty.memory_format", locked(lambda *a, **k: record_factory(aten.empty.memory_format, a, k)),
-                  "PrivateUse1")
-    _library.impl("empty_strided", locked(lambda *a, **k: record_factory(aten.empty_strided.default, a, k)),
-                  "PrivateUse1")
-    _library.impl("_copy_from", locked(lambda *a, **k: _copy(aten._copy_from.default, a, k)), "PrivateUse1")
     # Composite ops kept whole: the recorder's PrivateUse1 kernel stops PyTorch from decomposing
     # them, so the node runs its fused kernel and the graph shows attention as such. A kernel for
     # a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a differentiable

@@ -1,95 +1,67 @@
-"""LazyTensor: the `torch.Tensor` subclass that stands for a tensor on `remote_accelerator`.
+"""LazyTensor: the Python class of tensors on `remote_accelerator`, and the process lock.
 
-A LazyTensor owns no memory: its TensorImpl (made by `genie._C.make_lazy` from a descriptor
-(sizes, strides, storage offset, dtype) that shape inference computed locally) carries the
-PrivateUse1 dispatch keys and no Python key, so `.shape`, `.dtype`, `.device` and `.size()` never
-cost a round trip and every aten op on it passes autograd as on any device and reaches the
-recorder's PrivateUse1 kernel (python/csrc/dispatch_fallback.cc), which records it. Its value
-(`_cell.value`, a `genie.graph.Value`) is either pending in the runtime's graph or resident on
-the node under a handle.
+A LazyTensor owns no memory. Its TensorImpl (python/csrc/frontend/lazy_tensor.h) carries the
+geometry shape inference computed locally and the PrivateUse1 dispatch keys, no Python key, so
+`.shape`, `.dtype`, `.device` and `.size()` never cost a round trip, and every aten op on it
+passes autograd as on any device and reaches the recorder's PrivateUse1 kernel
+(python/csrc/dispatch_kernel.cc), which records it in C++. Its value (`_value`, a
+`genie.graph.Value`) is either pending in its device's graph or resident on the node.
 
 Materialization points (`.cpu()`, `.item()`, `.tolist()`, `.numpy()`, `bool()`, `print`,
 `__index__`) reach the runtime through the aten ops PyTorch calls for them
 (`aten::_to_copy`, `aten::_local_scalar_dense`, ...), plus the overrides below for the
 methods PyTorch does not route through the dispatcher.
+
+`lock` is the process lock (python/csrc/frontend/lock.h): recording, runs and every entry point
+into the runtimes hold it, so threads are serialized op by op, as one CUDA stream serializes
+kernels. It is recursive, and waits with the GIL released.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from . import _C
-from .graph import Value, op_name
+from .graph import Value
 
-
-class Cell:
-    """The current `value` (a `genie.graph.Value`) of one LazyTensor: in-place ops rebind it.
-    One object per tensor, held by its TensorImpl (`genie._C.lazy_state`) and by its runtime
-    (`Runtime._refs`, until the tensor dies: the TensorImpl's destructor queues the value as
-    dead, python/csrc/recorder_fast.cc `releaseState`)."""
-
-    __slots__ = ("value",)
-
-
-# The process lock: recording, runs and every entry point into the runtimes hold it, so threads
-# are serialized op by op (genie.runtime "Threads"; `genie.runtime.lock` is this object).
-lock = threading.RLock()
+lock = _C.process_lock
 
 
 class LazyTensor(torch.Tensor):
     """A tensor on `remote_accelerator:N` whose ops are recorded, not run.
 
-    `desc` is (shape, strides, storage_offset, dtype). The recording state lives in the C++
-    TensorImpl (so PyTorch's shallow copies carry it): `_cell` (a `Cell`: its current `Value`),
-    `_runtime` (the `genie.runtime.Runtime` of its device), `_desc` (its descriptor).
+    `_value` is the `genie.graph.Value` it holds now (an in-place op rebinds it), `_runtime` the
+    `genie.runtime.Runtime` of its device, `_desc` its (shape, strides, storage offset, dtype).
     """
-
-    @staticmethod
-    def __new__(cls, desc: tuple, value: Value, runtime, base: torch.Tensor | None = None) -> "LazyTensor":
-        return cls._make(desc, False, value, runtime, base)
-
-    # LazyTensor._make(desc, contiguous, value, runtime, base=None): `LazyTensor(desc, value,
-    # runtime, base)`; `contiguous` says that desc's strides are the default ones of its shape
-    # and its offset 0 (the wrapper is then made faster). `base`: the tensor this one is a view
-    # of, if any; the view is an inference tensor exactly when its base is one, as PyTorch's
-    # views are (`genie._C.make_wrapper`). The TensorImpl gets the descriptor, a `Cell` holding
-    # `value` (registered in `runtime._refs`) and the runtime; `value.tensors` and
-    # `value.storage.live` count it. In C++ (`genie._C.make_lazy`, python/csrc/recorder_fast.cc).
-    _make = classmethod(_C.make_lazy)
-
-    @property
-    def _cell(self) -> Cell:
-        return _C.lazy_state(self)[0]
-
-    @property
-    def _runtime(self):
-        return _C.lazy_state(self)[1]
-
-    @property
-    def _desc(self) -> tuple:
-        return _C.lazy_state(self)[2]
-
-    @_desc.setter
-    def _desc(self, desc: tuple) -> None:
-        _C.set_lazy_desc(self, desc)
 
     # Only the dispatcher level is intercepted (the PrivateUse1 kernel): no per-call
     # __torch_function__ overhead.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @property
+    def _value(self) -> Value:
+        return _C.lazy_value(self)
+
+    @property
+    def _runtime(self):
+        recording = _C.lazy_recording(self)
+        return None if recording is None else recording.runtime
+
+    @property
+    def _desc(self) -> tuple:
+        return (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
+
+    @property
     def operation(self) -> str | None:
         """The aten op that will produce this tensor ("aten::add.Tensor"), None once resident."""
-        node = self._cell.value.node
-        return None if node is None else op_name(node.op)
+        node = self._value.node
+        return None if node is None else node.name
 
     @property
     def inputs(self) -> list:
         """The pending op's tensor inputs (`genie.graph.Value`s); [] once resident."""
-        node = self._cell.value.node
-        return [] if node is None else list(node.inputs())
+        node = self._value.node
+        return [] if node is None else node.inputs()
 
     # Methods PyTorch does not send through the dispatcher for a remote device.
     def numpy(self, *, force: bool = False):
@@ -122,15 +94,14 @@ class LazyTensor(torch.Tensor):
 
     @data.setter
     def data(self, new: "LazyTensor") -> None:
-        """`tensor.data = new`: the wrapper takes `new`'s dtype, shape and strides and holds its
-        value (Module.half(), Module.to(dtype), Module.float() on a module already on the
-        device do this to each parameter). Raises TypeError for a tensor of another device."""
-        if type(new) is not LazyTensor or new._runtime is not self._runtime:
+        """`tensor.data = new`: the tensor takes `new`'s dtype, shape and strides and holds its
+        value (Module.half(), Module.to(dtype), Module.float() on a module already on the device
+        do this to each parameter; LazyTensorImpl::shallow_copy_from). Raises TypeError for a
+        tensor of another device."""
+        mine, theirs = _C.lazy_recording(self), _C.lazy_recording(new)
+        if theirs is None or theirs.device_index != mine.device_index:
             raise TypeError(f"data: cannot give a tensor on {self.device} the data of a tensor on {new.device}")
-        with lock:
-            torch._C.TensorBase.data.__set__(self, new)  # the wrapper's metadata
-            self._desc = new._desc
-            self._runtime.assign(self, new._cell.value)
+        torch._C.TensorBase.data.__set__(self, new)
 
     def __deepcopy__(self, memo):
         """copy.deepcopy (of a module, say): a copy on the same device (a recorded clone)."""
@@ -149,12 +120,3 @@ class LazyTensor(torch.Tensor):
         """Pickling (torch.save of a state dict, say) saves the values as a CPU tensor: loading
         gives CPU tensors, as torch.load(..., map_location="cpu") would."""
         return self.detach().cpu().__reduce_ex__(protocol)
-
-
-from . import shape_rules as _shape_rules  # noqa: E402
-from .recorder import dispatch as _dispatch  # noqa: E402 - the recorder imports LazyTensor
-from .recorder import record_op as _record_op  # noqa: E402
-
-_shape_rules.lazy_type = LazyTensor  # the shapes layer reads LazyTensor descriptors without importing capture
-# The PrivateUse1 kernel records under the process lock: the C++ plan path first, these for the rest.
-_C.configure_fallback(LazyTensor, lock, _dispatch, _record_op)

@@ -2,7 +2,8 @@
 
 `aten::_to_copy` and `aten::copy_` / `aten::_copy_from` upload host tensors (parameters as
 PersistentWeight), download device tensors (materialization: the pending graph runs and only
-the bytes read come back), or are recorded when both sides are on one device;
+the bytes read come back), or are recorded when both sides are on one device (the C++ recorder
+records those itself; they reach this module only when they cross the host);
 `aten::_local_scalar_dense` (`.item()`) reads one value; pinning is refused for device tensors
 as PyTorch refuses it for CUDA ones. Part of the capture layer (docs/frontend.md "Layers").
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .lazy import LazyTensor
-from .recorder import _PRIVATEUSE1, record_op, runtime_for
+from . import _C
+from .recorder import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
 aten = torch.ops.aten
 
@@ -21,14 +22,14 @@ def to_copy(func, args, kwargs):
     device = kwargs.get("device")
     target = torch.device(device) if device is not None else src.device
     if target.type == _PRIVATEUSE1:
-        if isinstance(src, LazyTensor) and src._runtime.index == (target.index or 0):
+        if _C.is_lazy(src) and src.device.index == (target.index if target.index is not None else _C.current_device()):
             return record_op(func, args, kwargs)
-        cpu = src.cpu() if isinstance(src, LazyTensor) else src
+        cpu = src.cpu() if _C.is_lazy(src) else src
         rest = {k: v for k, v in kwargs.items() if k != "device"}
         cpu = aten._to_copy.default(cpu, **rest) if rest else cpu
         return runtime_for(target).upload_tensor(cpu, residency_of(src))
     # To the host (or another local device): fetch, then let PyTorch convert.
-    fetched = src._runtime.fetch(src)
+    fetched = runtime_of(src).fetch(src)
     rest = {k: v for k, v in kwargs.items() if k not in ("non_blocking",)}
     if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
         return fetched
@@ -46,19 +47,19 @@ def copy(func, args, kwargs):
         src, dst = args[0], args[1]
     else:
         dst, src = args[0], args[1]
-    if isinstance(dst, LazyTensor):
-        if isinstance(src, LazyTensor) and src._runtime is dst._runtime:
+    if _C.is_lazy(dst):
+        if _C.is_lazy(src) and src.device == dst.device:
             return record_op(aten.copy_.default, (dst, src), {})
-        cpu = src.cpu() if isinstance(src, LazyTensor) else src
-        dst._runtime.copy_from_host(dst, cpu, residency_of(src))
+        cpu = src.cpu() if _C.is_lazy(src) else src
+        runtime_of(dst).copy_from_host(dst, cpu, residency_of(src))
         return dst
     # Device to host: materialize, then copy locally.
-    dst.copy_(src._runtime.fetch(src))
+    dst.copy_(runtime_of(src).fetch(src))
     return dst
 
 
 def local_scalar_dense(func, args, kwargs):
-    return args[0]._runtime.fetch(args[0]).item()
+    return runtime_of(args[0]).fetch(args[0]).item()
 
 
 def is_pinned(func, args, kwargs):
@@ -79,3 +80,5 @@ HANDLERS = {
     aten.is_pinned.default: is_pinned,
     aten._pin_memory.default: pin_memory,
 }
+# Handled here only when they cross the host; the C++ recorder records them on one device.
+CONDITIONAL = frozenset({aten._to_copy.default, aten.copy_.default})

@@ -272,12 +272,12 @@ def test_dropped_outputs_of_multi_output_ops_die_without_the_cyclic_gc():
     gc.collect()
     gc.disable()
     try:
-        before = len(runtime._refs)
+        before = runtime.recording.live_tensors
         out, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)
         first, second = torch.split(x, 4, dim=1)
-        assert len(runtime._refs) == before + 5
+        assert runtime.recording.live_tensors == before + 5
         del out, mean, rstd, first, second
-        assert len(runtime._refs) == before
+        assert runtime.recording.live_tensors == before
     finally:
         gc.enable()
 

@@ -1,0 +1,367 @@
+// The recorder's entry from PyTorch's dispatcher: one boxed kernel for the PrivateUse1
+// dispatch key (remote_accelerator), so that a LazyTensor needs no Python dispatch key.
+//
+// An op on a LazyTensor passes autograd and ADInplaceOrView as on any device and reaches its
+// PrivateUse1 kernel: this file's kernel, registered as the PrivateUse1 fallback (every op with
+// no PrivateUse1 kernel: factories with a remote_accelerator device too) and as the PrivateUse1
+// kernel of every aten op whose kernel would otherwise be a CompositeExplicitAutograd one (those
+// would decompose on the client: `clone` into `empty_like` + `copy_`) and of the composite ops
+// kept whole (SDPA, LSTM, GRU: `register_recorder_kernels(extra)`).
+//
+// The kernel records the call in C++ (frontend/recorder.h), without the GIL. It takes the GIL
+// afterwards, with the process lock released, only to give the new tensors their Python objects
+// (LazyTensor instances) and, when the pending graph passed its limit, to let the runtime run it
+// (genie.runtime). Calls the C++ recorder does not take go to genie.recorder.dispatch(func, args,
+// kwargs) with the arguments as __torch_dispatch__ would get them: positional arguments up to
+// the last one that differs from its default, keyword-only ones that differ as kwargs, dtypes,
+// layouts and memory formats as their Python objects, wrapped numbers as numbers. Its results
+// go back on the stack converted by each return's schema type; a Python exception propagates as
+// itself (torch's python_error), also through the autograd engine's threads.
+//
+// genie._C.record_op(func, args, kwargs, host_args=()) is the same C++ recorder for
+// genie.recorder: the op as it is, without routing.
+#include <pybind11/pybind11.h>
+// pybind11 first: it includes Python.h, which torch's Python headers expect.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "frontend/lazy_tensor.h"
+#include "frontend/lock.h"
+#include "frontend/op_facts.h"
+#include "frontend/recorder.h"
+
+namespace genie::python {
+
+using frontend::Outcome;
+using frontend::Recorded;
+
+namespace {
+
+/// genie.recorder's entry points and genie.lazy.LazyTensor (strong references, set once).
+struct Entry {
+  PyObject* dispatch = nullptr;     // genie.recorder.dispatch(func, args, kwargs)
+  PyObject* lazy_tensor = nullptr;  // genie.lazy.LazyTensor
+  PyObject* run_pending = nullptr;  // genie.runtime.run_pending(device_index)
+};
+Entry g_entry;
+
+bool matches(const c10::Argument& arg, c10::TypeKind kind) {
+  const auto& t = arg.real_type();
+  if (t->kind() == kind) return true;
+  if (auto optional = t->cast<c10::OptionalType>()) return optional->getElementType()->kind() == kind;
+  return false;
+}
+
+}  // namespace
+
+PyObject* wrapLazy(const at::Tensor& tensor) {
+  if (frontend::isLazy(tensor)) {
+    PyObject* obj = THPVariable_Wrap(tensor);
+    if (obj == nullptr) return nullptr;
+    // A LazyTensor's TensorImpl that PyTorch made without Python (a shallow copy: autograd's saved
+    // outputs) gets a plain torch.Tensor object: make it a LazyTensor (it adds no fields).
+    if (Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(THPVariableClass) && g_entry.lazy_tensor != nullptr &&
+        PyObject_SetAttrString(obj, "__class__", g_entry.lazy_tensor) < 0) {
+      Py_DECREF(obj);
+      return nullptr;
+    }
+    return obj;
+  }
+  return THPVariable_Wrap(tensor);
+}
+
+namespace {
+
+/// One argument as __torch_dispatch__ receives it (a new reference).
+PyObject* toPython(const c10::Argument& arg, const c10::IValue& value) {
+  if (value.isNone()) Py_RETURN_NONE;
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    // A Python number the arg parser wrapped (`x.mul_(0.999)` reaches mul_.Tensor): the number
+    // again, as Python dispatch gives it, so that it is recorded as a scalar.
+    if (tensor.defined() && tensor.unsafeGetTensorImpl()->is_wrapped_number()) {
+      return torch::jit::toPyObject(tensor.item()).release().ptr();
+    }
+    return wrapLazy(tensor);
+  }
+  if (value.isInt()) {
+    if (matches(arg, c10::TypeKind::ScalarTypeType)) {
+      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(value.toInt()))));
+    }
+    if (matches(arg, c10::TypeKind::LayoutType)) {
+      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(value.toInt()))));
+    }
+    if (matches(arg, c10::TypeKind::MemoryFormatType)) {
+      return Py_NewRef(torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(value.toInt())));
+    }
+    return PyLong_FromLongLong(value.toInt());
+  }
+  if (value.isTensorList() || (value.isList() && matches(arg, c10::TypeKind::ListType))) {
+    const auto list = value.toListRef();
+    py::object out = py::reinterpret_steal<py::object>(PyList_New(static_cast<Py_ssize_t>(list.size())));
+    if (!out) return nullptr;
+    for (size_t i = 0; i < list.size(); ++i) {
+      PyObject* item = list[i].isTensor() ? wrapLazy(list[i].toTensor())
+                                          : torch::jit::toPyObject(list[i]).release().ptr();
+      if (item == nullptr) return nullptr;
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item);
+    }
+    return out.release().ptr();
+  }
+  return torch::jit::toPyObject(value).release().ptr();
+}
+
+/// Throws the pending Python exception as torch's python_error, fetched now: the binding that
+/// called the dispatcher (or the autograd engine, from its threads) raises it as itself.
+[[noreturn]] void throwPythonError() {
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+void pushResults(const c10::FunctionSchema& schema, PyObject* out, torch::jit::Stack* stack) {
+  const auto& returns = schema.returns();
+  if (returns.empty()) return;
+  if (returns.size() == 1) {
+    torch::jit::push(*stack, torch::jit::toIValue(out, returns[0].real_type()));
+    return;
+  }
+  if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != static_cast<Py_ssize_t>(returns.size())) {
+    TORCH_CHECK(false, schema.operator_name(), ": the recorder returned ", Py_TYPE(out)->tp_name, ", expected a tuple of ",
+                returns.size());
+  }
+  for (size_t i = 0; i < returns.size(); ++i) {
+    torch::jit::push(*stack, torch::jit::toIValue(PyTuple_GET_ITEM(out, i), returns[i].real_type()));
+  }
+}
+
+/// The call's arguments as (args, kwargs) for genie.recorder (with the GIL).
+std::pair<py::tuple, py::dict> pythonArguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
+  const std::vector<c10::IValue> values(first, stack->end());
+  const std::vector<bool> shown = frontend::shownArgs(schema, values);
+  size_t positional = 0;
+  while (positional < n && !arguments[positional].kwarg_only()) ++positional;
+  size_t shown_positional = positional;
+  while (shown_positional > 0 && !shown[shown_positional - 1]) --shown_positional;
+  py::tuple args(shown_positional);
+  py::dict kwargs;
+  for (size_t i = 0; i < shown_positional; ++i) {
+    PyObject* a = toPython(arguments[i], values[i]);
+    if (a == nullptr) throwPythonError();
+    PyTuple_SET_ITEM(args.ptr(), static_cast<Py_ssize_t>(i), a);
+  }
+  for (size_t i = positional; i < n; ++i) {
+    if (!shown[i]) continue;
+    py::object a = py::reinterpret_steal<py::object>(toPython(arguments[i], values[i]));
+    if (!a || PyDict_SetItemString(kwargs.ptr(), arguments[i].name().c_str(), a.ptr()) < 0) throwPythonError();
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+/// genie.recorder.dispatch(func, args, kwargs): the calls the C++ recorder does not take.
+void recordInPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  frontend::countPython();
+  py::gil_scoped_acquire gil;
+  TORCH_CHECK(g_entry.dispatch != nullptr, op.operator_name(),
+              " on remote_accelerator: genie's recorder is not configured (import genie)");
+  const auto& schema = op.schema();
+  auto [args, kwargs] = pythonArguments(schema, stack);
+  py::handle func = torch::detail::getTorchApiFunction(op);
+  PyObject* call[3] = {func.ptr(), args.ptr(), kwargs.ptr()};
+  py::object out = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_entry.dispatch, call, 3, nullptr));
+  if (!out) throwPythonError();
+  torch::jit::drop(*stack, schema.arguments().size());
+  pushResults(schema, out.ptr(), stack);
+}
+
+/// The Python objects of the new tensors (LazyTensor instances, kept by their TensorImpls), and
+/// the runtime's turn when the pending graph passed its limit. With the GIL, without the lock.
+void afterRecording(const Recorded& recorded, bool wants_run) {
+  if (recorded.fresh.empty() && !wants_run) return;
+  py::gil_scoped_acquire gil;
+  for (const at::Tensor& t : recorded.fresh) {
+    PyObject* obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject*>(g_entry.lazy_tensor));
+    if (obj == nullptr) throwPythonError();
+    Py_DECREF(obj);  // the TensorImpl keeps it (PyTorch's PyObject preservation)
+  }
+  if (wants_run && g_entry.run_pending != nullptr) {
+    py::object index = py::reinterpret_steal<py::object>(PyLong_FromLong(recorded.recording->device_index));
+    py::object r = py::reinterpret_steal<py::object>(index ? PyObject_CallOneArg(g_entry.run_pending, index.ptr()) : nullptr);
+    if (!r) throwPythonError();
+  }
+}
+
+bool wantsRun(const Recorded& recorded) {
+  if (recorded.recording == nullptr) return false;
+  frontend::LockGuard lock;
+  return recorded.recording->wantsRun();
+}
+
+/// The boxed kernel: records `op` with the arguments on `stack`, leaves its results there.
+void recordBoxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Recorded recorded = frontend::record(op, *stack, {});
+  switch (recorded.outcome) {
+    case Outcome::kRecorded:
+      afterRecording(recorded, wantsRun(recorded));
+      return;
+    case Outcome::kComposite:
+      op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+      return;
+    case Outcome::kPython:
+      recordInPython(op, stack);
+      return;
+  }
+}
+
+/// Registrations live for the process (the dispatcher keeps pointers into them).
+std::vector<std::unique_ptr<torch::Library>> g_libraries;
+
+bool hasTensorArgument(const c10::FunctionSchema& schema) {
+  for (const auto& arg : schema.arguments()) {
+    const auto& t = arg.real_type();
+    if (t->isSubtypeOf(*c10::TensorType::get()) || t->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
+        t->isSubtypeOf(*c10::ListType::ofTensors()) || t->isSubtypeOf(*c10::ListType::ofOptionalTensors())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// register_kernels(extra): the fallback, and this kernel for every aten op that has a tensor
+/// argument, a CompositeExplicitAutograd(NonFunctional) kernel and no PrivateUse1 kernel, plus
+/// `extra` (aten op names "name.overload": composite ops kept whole). Returns how many ops got it.
+int registerKernels(const std::vector<std::string>& extra) {
+  TORCH_CHECK(g_libraries.empty(), "genie._C.register_recorder_kernels: already registered");
+  auto fallback = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
+                                                   __FILE__, __LINE__);
+  fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+  g_libraries.push_back(std::move(fallback));
+  auto kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                                  __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int count = 0;
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    if (!hasTensorArgument(op->schema())) continue;  // factories: their empty + fill ops are recorded
+    const std::string overload = name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
+    kernels->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+    ++count;
+  }
+  for (const auto& name : extra) {
+    kernels->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+    ++count;
+  }
+  g_libraries.push_back(std::move(kernels));
+  return count;
+}
+
+/// The operator of an OpOverload (torch.ops.aten.add.Tensor), found by its schema's name.
+c10::OperatorHandle operatorOf(py::handle func) {
+  py::object schema = func.attr("_schema");
+  const auto name = schema.attr("name").cast<std::string>();
+  const auto overload = schema.attr("overload_name").cast<std::string>();
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!op) throw py::value_error("genie._C.record_op: no operator " + name + "." + overload);
+  return *op;
+}
+
+/// record_op(func, args, kwargs, host_args=()) -> result | NotImplemented.
+py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vector<int> host_args) {
+  const c10::OperatorHandle op = operatorOf(func);
+  torch::jit::Stack stack;
+  {
+    torch::jit::ToIValueAllowNumbersAsTensors numbers(true);
+    stack = torch::jit::createStackForSchema(op.schema(), torch::jit::tuple_slice(std::move(args)),
+                                             py::kwargs(std::move(kwargs)), std::nullopt);
+  }
+  frontend::CallOptions options;
+  options.host_args = std::move(host_args);
+  options.from_python = true;
+  Recorded recorded;
+  {
+    py::gil_scoped_release no_gil;
+    recorded = frontend::record(op, stack, options);
+  }
+  if (recorded.outcome == Outcome::kComposite) {
+    py::gil_scoped_release no_gil;
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, stack);
+  } else if (recorded.outcome != Outcome::kRecorded) {
+    return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  }
+  bool wants = false;
+  {
+    py::gil_scoped_release no_gil;
+    wants = wantsRun(recorded);
+  }
+  for (const at::Tensor& t : recorded.fresh) {
+    PyObject* obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject*>(g_entry.lazy_tensor));
+    if (obj == nullptr) throw py::error_already_set();
+    Py_DECREF(obj);
+  }
+  py::object result = torch::jit::createPyObjectForStack(std::move(stack));
+  if (wants && g_entry.run_pending != nullptr) {
+    py::reinterpret_borrow<py::object>(g_entry.run_pending)(recorded.recording->device_index);
+  }
+  return result;
+}
+
+}  // namespace
+
+void bindDispatchKernel(py::module_& m) {
+  m.def(
+      "configure_recorder",
+      [](py::object lazy_tensor, py::object dispatch, py::object run_pending, std::vector<std::string> python_ops) {
+        g_entry.lazy_tensor = lazy_tensor.release().ptr();
+        g_entry.dispatch = dispatch.release().ptr();
+        g_entry.run_pending = run_pending.release().ptr();
+        frontend::setPythonOps(python_ops);
+      },
+      py::arg("lazy_tensor"), py::arg("dispatch"), py::arg("run_pending"), py::arg("python_ops"),
+      "configure_recorder(LazyTensor, dispatch, run_pending, python_ops): the tensor class of new outputs, "
+      "genie.recorder.dispatch (the calls the C++ recorder does not take), the runtime's hook for a pending "
+      "graph past its limit (run_pending(device_index)), and the aten ops ('aten::name.overload') always "
+      "handed to dispatch. genie.recorder calls it once at import.");
+  m.def("register_recorder_kernels", &registerKernels, py::arg("extra"),
+        "register_recorder_kernels(extra: list[str]) -> int: registers the recorder as remote_accelerator's "
+        "PrivateUse1 fallback and as the PrivateUse1 kernel of the aten ops that would otherwise decompose "
+        "(CompositeExplicitAutograd) and of `extra` ('name.overload'); returns how many ops got a kernel. "
+        "RuntimeError when called twice.");
+  m.def("record_op", &recordOp, py::arg("func"), py::arg("args"), py::arg("kwargs"),
+        py::arg("host_args") = std::vector<int>{},
+        "record_op(func, args, kwargs, host_args=()) -> result | NotImplemented\n\n"
+        "Records the aten call `func(*args, **kwargs)` as it is (no routing to genie.recorder's handlers): its "
+        "result (LazyTensors as the schema returns them). `host_args`: argument indices where a host tensor is "
+        "taken by design (its values are part of the plan's key). NotImplemented when the C++ recorder cannot "
+        "record it: an argument's value is lost (genie.recorder raises its error) or only the node can describe "
+        "the outputs. Raises PyTorch's errors for invalid calls.");
+  m.def("recorder_counters", [] {
+    const auto c = frontend::recorderCounters();
+    py::dict d;
+    d["cpp"] = c.cpp;
+    d["python"] = c.python;
+    return d;
+  }, "recorder_counters() -> {'cpp': int, 'python': int}: ops recorded by the C++ recorder and handed to "
+     "genie.recorder since the process started.");
+}
+
+}  // namespace genie::python

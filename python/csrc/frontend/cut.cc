@@ -1,0 +1,651 @@
+#include "frontend/cut.h"
+
+#include <flatbuffers/flatbuffers.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "frontend/op_facts.h"
+#include "genie/wire/torch_dtype.h"
+
+namespace genie::frontend {
+
+bool Number::operator==(const Number& o) const {
+  if (is_float != o.is_float) return false;
+  // A literal of the first graph can stand for a number only when equal and, for a zero, of the
+  // same sign (1 / -0.0 is -inf); NaN never equals anything, so its position is lifted.
+  return is_float ? (d == o.d && std::signbit(d) == std::signbit(o.d)) : i == o.i;
+}
+
+wire::Handle newHandle() {
+  thread_local uint64_t pool[64];
+  thread_local size_t left = 0;
+  while (true) {
+    if (left < 2) {
+      size_t got = 0;
+      while (got < sizeof pool) {
+        const ssize_t n = getrandom(reinterpret_cast<char*>(pool) + got, sizeof pool - got, 0);
+        if (n > 0) got += static_cast<size_t>(n);
+      }
+      left = 64;
+    }
+    const uint64_t hi = pool[--left], lo = pool[--left];
+    if (hi != 0 || lo != 0) return wire::Handle(hi, lo);
+  }
+}
+
+// ---- 1. liveness ----------------------------------------------------------------------------
+
+std::vector<NodePtr> liveNodes(const std::vector<NodePtr>& pending, const std::vector<Value*>& wanted) {
+  std::unordered_set<const Value*> needed(wanted.begin(), wanted.end());
+  std::unordered_set<const Storage*> read;
+  std::vector<NodePtr> keep;
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+    const Node& node = **it;
+    bool need = false;
+    for (const ValuePtr& v : node.outputs) {
+      if (needed.count(v.get()) != 0 || v->tensors.load(std::memory_order_relaxed) > 0) {
+        need = true;
+        break;
+      }
+    }
+    for (size_t i = 0; !need && i < node.writes.size(); ++i) {
+      const Storage* s = node.writes[i].get();
+      need = read.count(s) != 0 || s->live.load(std::memory_order_relaxed) > 0;
+    }
+    if (!need) continue;
+    keep.push_back(*it);
+    for (const Value* v : node.inputs()) {
+      read.insert(v->storage.get());  // a read keeps the writes of its storage before it
+      if (v->pending()) needed.insert(v);
+    }
+  }
+  std::reverse(keep.begin(), keep.end());
+  return keep;
+}
+
+// ---- 2. the KV-cache pass -------------------------------------------------------------------
+
+void annotateKvCache(const std::vector<NodePtr>& nodes) {
+  for (const NodePtr& node : nodes) {
+    if (opFacts(node->op).cache_role != OpFacts::CacheRole::kAttention || node->args.size() < 3) continue;
+    for (size_t a = 1; a <= 2; ++a) {  // key, value
+      Value* v = valueOf(node->args[a]);
+      for (int hop = 0; hop < 8 && v != nullptr && v->producer != nullptr; ++hop) {
+        const Node& producer = *v->producer;
+        if (opFacts(producer.op).cache_role == OpFacts::CacheRole::kWriter) {
+          v->residency = kKvCache;
+          break;
+        }
+        if (producer.inputs().size() != 1) break;  // seen through single-input views only
+        v = producer.inputs()[0];
+      }
+    }
+  }
+}
+
+// ---- 3. lowering ----------------------------------------------------------------------------
+
+namespace {
+
+/// Key tags (see lower). Distinct from the numbers they precede by position, not value.
+enum KeyTag : int64_t {
+  kNodeTag = 1, kSkip, kNone, kBool, kInt, kFloat, kDType, kLayout, kMemoryFormat, kComplex, kString, kDevice,
+  kIntList, kDoubleList, kBoolList, kTensorList, kInputRef, kOutputRef, kNoTensor, kWeightInput, kHandleInput,
+  kInlineInput
+};
+
+int64_t bitsOf(double d) {
+  int64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+
+/// One list element of a tensor list: a device value, a host tensor or None.
+struct TensorItem {
+  Value* value = nullptr;
+  const at::Tensor* tensor = nullptr;
+};
+
+/// Classifies one argument and hands its parts to `visitor` (lower and encodeGraph use the same
+/// walk, so numbers and inputs come in the same order). Throws c10::Error for an argument with
+/// no wire form, naming the op.
+template <typename Visitor>
+void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& node) {
+  if (v.isCapsule()) {
+    visitor.tensors({TensorItem{valueOf(v), nullptr}}, /*list=*/false);
+  } else if (v.isTensor()) {
+    if (v.toTensor().defined()) {
+      visitor.tensors({TensorItem{nullptr, &v.toTensor()}}, false);
+    } else {
+      visitor.none();
+    }
+  } else if (v.isNone()) {
+    visitor.none();
+  } else if (v.isBool()) {
+    visitor.boolean(v.toBool());
+  } else if (v.isInt() || v.isSymInt()) {
+    const int64_t i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+    switch (kind) {
+      case ArgKind::kScalarType: visitor.enumValue(kDType, i); break;
+      case ArgKind::kLayout: visitor.enumValue(kLayout, i); break;
+      case ArgKind::kMemoryFormat: visitor.enumValue(kMemoryFormat, i); break;
+      default: visitor.number(Number{false, i, 0.0});
+    }
+  } else if (v.isDouble()) {
+    visitor.number(Number{true, 0, v.toDouble()});
+  } else if (v.isComplexDouble()) {
+    visitor.complex(v.toComplexDouble());
+  } else if (v.isString()) {
+    visitor.string(v.toStringRef());
+  } else if (v.isDevice()) {
+    visitor.device(v.toDevice().type());
+  } else if (v.isIntList()) {
+    std::vector<Number> numbers;
+    for (int64_t x : v.toIntList()) numbers.push_back(Number{false, x, 0.0});
+    visitor.intList(numbers);
+  } else if (v.isDoubleList()) {
+    const auto list = v.toDoubleList();
+    visitor.doubleList(std::vector<double>(list.begin(), list.end()));
+  } else if (v.isBoolList()) {
+    const auto list = v.toBoolList();
+    visitor.boolList(std::vector<bool>(list.begin(), list.end()));
+  } else if (v.isList()) {
+    const auto list = v.toListRef();
+    size_t tensors = 0, nones = 0, doubles = 0, ints = 0, bools = 0;
+    for (const c10::IValue& x : list) {
+      if (x.isCapsule() || (x.isTensor() && x.toTensor().defined())) {
+        ++tensors;
+      } else if (x.isNone() || x.isTensor()) {
+        ++nones;
+      } else if (x.isDouble()) {
+        ++doubles;
+      } else if (x.isBool()) {
+        ++bools;
+      } else if (x.isInt() || x.isSymInt()) {
+        ++ints;
+      }
+    }
+    const size_t n = list.size();
+    if (n > 0 && tensors + nones == n && tensors > 0) {
+      std::vector<TensorItem> items;
+      for (const c10::IValue& x : list) {
+        if (x.isCapsule()) {
+          items.push_back({valueOf(x), nullptr});
+        } else if (x.isTensor() && x.toTensor().defined()) {
+          items.push_back({nullptr, &x.toTensor()});
+        } else {
+          items.push_back({});
+        }
+      }
+      visitor.tensors(items, true);
+    } else if (bools == n && n > 0) {
+      std::vector<bool> values;
+      for (const c10::IValue& x : list) values.push_back(x.toBool());
+      visitor.boolList(values);
+    } else if (ints + doubles == n && doubles > 0) {
+      std::vector<double> values;
+      for (const c10::IValue& x : list) values.push_back(x.isDouble() ? x.toDouble() : static_cast<double>(x.toInt()));
+      visitor.doubleList(values);
+    } else if (ints == n) {
+      std::vector<Number> numbers;
+      for (const c10::IValue& x : list) numbers.push_back(Number{false, x.isInt() ? x.toInt() : x.toSymInt().expect_int(), 0.0});
+      visitor.intList(numbers);
+    } else {
+      TORCH_CHECK(false, node.opName(), ": a list argument of mixed kinds has no wire form: ", v);
+    }
+  } else {
+    TORCH_CHECK(false, node.opName(), ": an argument of type ", v.tagKind(), " has no wire form");
+  }
+}
+
+/// Builds the Lowered of a cut (step 3).
+class Lowering {
+ public:
+  explicit Lowering(Lowered& out) : out_(out) {}
+
+  void addInput(Value* v) {
+    if (input_ids_.count(v) != 0) return;
+    if (v->lost()) throw LostInput(ValuePtr::reclaim_copy(v));
+    TORCH_CHECK(v->handle.has_value(), "value ", v->str(), " is neither pending nor resident (lost)");
+    const auto id = static_cast<uint32_t>(out_.inputs.size());
+    input_ids_.emplace(v, id);
+    if (v->residency == kWeight) {  // a weight's handle is part of the structure: bound in the graph
+      out_.inputs.push_back({LoweredInput::kWeight, ValuePtr::reclaim_copy(v), {}});
+      inputs_key_.insert(inputs_key_.end(), {kWeightInput, static_cast<int64_t>(v->handle->hi()),
+                                             static_cast<int64_t>(v->handle->lo())});
+    } else {
+      out_.inputs.push_back({LoweredInput::kHandle, ValuePtr::reclaim_copy(v), {}});
+      inputs_key_.insert(inputs_key_.end(), {kHandleInput, static_cast<int64_t>(v->dtype)});
+    }
+  }
+
+  void node(const Node& n) {
+    const auto& facts = opFacts(n.op);
+    const std::vector<bool> shown = shownArgs(n.schema(), n.args);
+    key_.insert(key_.end(), {kNodeTag, reinterpret_cast<int64_t>(&n.schema()), static_cast<int64_t>(n.outputs.size())});
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (!shown[i]) {
+        key_.push_back(kSkip);
+        continue;
+      }
+      walkArg(n.args[i], i < facts.args.size() ? facts.args[i] : ArgKind::kOther, *this, n);
+    }
+    for (const ValuePtr& v : n.outputs) produced_.emplace(v.get(), static_cast<uint32_t>(produced_.size()));
+  }
+
+  void finish() {
+    const auto num_inputs = static_cast<uint32_t>(out_.inputs.size());
+    for (const auto& [v, id] : input_ids_) out_.ids[v] = id;
+    for (const auto& [v, i] : produced_) out_.ids[v] = num_inputs + i;
+    out_.key = std::move(inputs_key_);
+    out_.key.insert(out_.key.end(), key_.begin(), key_.end());
+    out_.key_hash = hashWords(out_.key);
+  }
+
+  static size_t hashWords(const std::vector<int64_t>& words) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ words.size();
+    for (int64_t w : words) {
+      h ^= static_cast<uint64_t>(w);
+      h *= 0xff51afd7ed558ccdULL;
+      h ^= h >> 32;
+    }
+    return static_cast<size_t>(h);
+  }
+
+  // ---- the visitor of walkArg ----
+  void tensors(const std::vector<TensorItem>& items, bool list) {
+    if (list) key_.insert(key_.end(), {kTensorList, static_cast<int64_t>(items.size())});
+    for (const TensorItem& item : items) {
+      if (item.value != nullptr) {
+        auto found = produced_.find(item.value);
+        if (found != produced_.end()) {
+          key_.insert(key_.end(), {kOutputRef, found->second});
+        } else {
+          TORCH_CHECK(!item.value->pending() || item.value->lost(), "value ", item.value->str(),
+                      " is pending but its op is not in the cut");
+          addInput(item.value);
+          key_.insert(key_.end(), {kInputRef, input_ids_.at(item.value)});
+        }
+      } else if (item.tensor != nullptr) {
+        key_.insert(key_.end(), {kInputRef, inlineInput(*item.tensor)});
+      } else {
+        key_.push_back(kNoTensor);
+      }
+    }
+  }
+  void none() { key_.push_back(kNone); }
+  void boolean(bool b) { key_.insert(key_.end(), {kBool, b}); }
+  void number(const Number& n) {
+    key_.push_back(n.is_float ? kFloat : kInt);
+    out_.numbers.push_back(n);
+  }
+  void enumValue(KeyTag tag, int64_t v) { key_.insert(key_.end(), {tag, v}); }
+  void complex(c10::complex<double> c) { key_.insert(key_.end(), {kComplex, bitsOf(c.real()), bitsOf(c.imag())}); }
+  void string(const std::string& s) {
+    key_.insert(key_.end(), {kString, static_cast<int64_t>(s.size())});
+    for (size_t i = 0; i < s.size(); i += 8) {
+      int64_t w = 0;
+      std::memcpy(&w, s.data() + i, std::min<size_t>(8, s.size() - i));
+      key_.push_back(w);
+    }
+  }
+  void device(c10::DeviceType type) { key_.insert(key_.end(), {kDevice, static_cast<int64_t>(type)}); }
+  void intList(const std::vector<Number>& numbers) {
+    key_.insert(key_.end(), {kIntList, static_cast<int64_t>(numbers.size())});
+    out_.numbers.insert(out_.numbers.end(), numbers.begin(), numbers.end());
+  }
+  void doubleList(const std::vector<double>& values) {
+    key_.insert(key_.end(), {kDoubleList, static_cast<int64_t>(values.size())});
+    for (double d : values) key_.push_back(bitsOf(d));
+  }
+  void boolList(const std::vector<bool>& values) {
+    key_.insert(key_.end(), {kBoolList, static_cast<int64_t>(values.size())});
+    for (bool b : values) key_.push_back(b);
+  }
+
+ private:
+  uint32_t inlineInput(const at::Tensor& t) {
+    auto found = out_.inline_ids.find(t.unsafeGetTensorImpl());
+    if (found != out_.inline_ids.end()) return found->second;
+    const auto id = static_cast<uint32_t>(out_.inputs.size());
+    out_.inline_ids.emplace(t.unsafeGetTensorImpl(), id);
+    out_.inputs.push_back({LoweredInput::kInline, {}, t});
+    inputs_key_.insert(inputs_key_.end(), {kInlineInput, static_cast<int64_t>(t.scalar_type())});
+    return id;
+  }
+
+  Lowered& out_;
+  std::unordered_map<const Value*, uint32_t> input_ids_;
+  std::unordered_map<const Value*, uint32_t> produced_;
+  std::vector<int64_t> inputs_key_;
+  std::vector<int64_t> key_;
+};
+
+}  // namespace
+
+Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& extra_inputs) {
+  Lowered out;
+  Lowering lowering(out);
+  for (const ValuePtr& v : extra_inputs) lowering.addInput(v.get());
+  for (const NodePtr& node : nodes) lowering.node(*node);
+  lowering.finish();
+  return out;
+}
+
+// ---- the wire graph -------------------------------------------------------------------------
+
+namespace {
+
+namespace fb = flatbuffers;
+
+/// Builds wire Values from walkArg's parts (encodeGraph).
+class Encoder {
+ public:
+  Encoder(fb::FlatBufferBuilder& fbb, const Lowered& lowered, const std::vector<uint32_t>& lifted)
+      : fbb_(fbb), lowered_(lowered) {
+    for (size_t slot = 0; slot < lifted.size(); ++slot) slot_of_.emplace(lifted[slot], static_cast<int32_t>(slot));
+  }
+
+  std::pair<wire::Value, fb::Offset<void>> result;
+
+  void tensors(const std::vector<TensorItem>& items, bool list) {
+    std::vector<int64_t> ids;
+    bool any_none = false;
+    for (const TensorItem& item : items) {
+      if (item.value != nullptr) {
+        ids.push_back(lowered_.ids.at(item.value));
+      } else if (item.tensor != nullptr) {
+        ids.push_back(lowered_.inline_ids.at(item.tensor->unsafeGetTensorImpl()));
+      } else {
+        ids.push_back(-1);
+        any_none = true;
+      }
+    }
+    if (!list) {
+      result = {wire::Value::TensorValue, wire::CreateTensorValue(fbb_, static_cast<uint32_t>(ids[0])).Union()};
+    } else if (any_none) {
+      result = {wire::Value::OptionalTensorListValue,
+                wire::CreateOptionalTensorListValue(fbb_, fbb_.CreateVector(ids)).Union()};
+    } else {
+      std::vector<uint32_t> values(ids.begin(), ids.end());
+      result = {wire::Value::TensorListValue, wire::CreateTensorListValue(fbb_, fbb_.CreateVector(values)).Union()};
+    }
+  }
+  void none() { result = {wire::Value::NoneValue, wire::CreateNoneValue(fbb_).Union()}; }
+  void boolean(bool b) { result = {wire::Value::BoolValue, wire::CreateBoolValue(fbb_, b).Union()}; }
+  void number(const Number& n) {
+    const int32_t slot = nextSlot();
+    if (slot >= 0) {
+      result = {wire::Value::ScalarInputValue, wire::CreateScalarInputValue(fbb_, static_cast<uint32_t>(slot)).Union()};
+    } else if (n.is_float) {
+      result = {wire::Value::DoubleValue, wire::createDoubleValue(fbb_, n.d).Union()};
+    } else {
+      result = {wire::Value::IntValue, wire::CreateIntValue(fbb_, n.i).Union()};
+    }
+  }
+  void enumValue(KeyTag tag, int64_t v) {
+    if (tag == kDType) {
+      const wire::DType dtype = wire::wireDTypeOf(static_cast<c10::ScalarType>(v));
+      TORCH_CHECK(dtype != wire::DType::Undefined, "dtype ", static_cast<c10::ScalarType>(v), " has no wire dtype");
+      result = {wire::Value::DTypeValue, wire::CreateDTypeValue(fbb_, dtype).Union()};
+    } else if (tag == kLayout) {
+      result = {wire::Value::LayoutValue, wire::CreateLayoutValue(fbb_, static_cast<int8_t>(v)).Union()};
+    } else {
+      result = {wire::Value::MemoryFormatValue, wire::CreateMemoryFormatValue(fbb_, static_cast<int8_t>(v)).Union()};
+    }
+  }
+  void complex(c10::complex<double> c) {
+    result = {wire::Value::ComplexValue, wire::createComplexValue(fbb_, c.real(), c.imag()).Union()};
+  }
+  void string(const std::string& s) {
+    result = {wire::Value::StringValue, wire::CreateStringValue(fbb_, fbb_.CreateString(s)).Union()};
+  }
+  void device(c10::DeviceType type) {
+    auto name = fbb_.CreateString(c10::DeviceTypeName(type, /*lower_case=*/true));
+    result = {wire::Value::DeviceValue, wire::CreateDeviceValue(fbb_, name, -1).Union()};
+  }
+  void intList(const std::vector<Number>& numbers) {
+    // The executor takes element i from scalar input scalar_slots[i] when it is >= 0 (v[i] is
+    // then 0 and unused); with no slot, scalar_slots is left empty.
+    std::vector<int64_t> values;
+    std::vector<int32_t> slots;
+    bool any_slot = false;
+    for (const Number& n : numbers) {
+      const int32_t slot = nextSlot();
+      any_slot = any_slot || slot >= 0;
+      values.push_back(slot >= 0 ? 0 : n.i);
+      slots.push_back(slot);
+    }
+    auto v = fbb_.CreateVector(values);
+    auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
+    result = {wire::Value::IntListValue, wire::CreateIntListValue(fbb_, v, s).Union()};
+  }
+  void doubleList(const std::vector<double>& values) {
+    result = {wire::Value::DoubleListValue, wire::CreateDoubleListValue(fbb_, fbb_.CreateVector(values)).Union()};
+  }
+  void boolList(const std::vector<bool>& values) {
+    std::vector<uint8_t> bytes(values.begin(), values.end());
+    result = {wire::Value::BoolListValue, wire::CreateBoolListValue(fbb_, fbb_.CreateVector(bytes)).Union()};
+  }
+
+ private:
+  int32_t nextSlot() {
+    auto found = slot_of_.find(position_++);
+    return found == slot_of_.end() ? -1 : found->second;
+  }
+
+  fb::FlatBufferBuilder& fbb_;
+  const Lowered& lowered_;
+  std::unordered_map<uint32_t, int32_t> slot_of_;
+  uint32_t position_ = 0;  // index into lowered.numbers, in walk order
+};
+
+}  // namespace
+
+std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted) {
+  fb::FlatBufferBuilder fbb(4096);
+  std::vector<fb::Offset<wire::GraphInput>> inputs;
+  for (const LoweredInput& input : lowered.inputs) {
+    // No descriptors: graphs stay shape-generic (the node checks shapes as it runs ops).
+    const wire::Handle* handle = input.kind == LoweredInput::kWeight ? &*input.value->handle : nullptr;
+    inputs.push_back(wire::CreateGraphInput(fbb, wire::InputKind::Tensor, 0, handle));
+  }
+  Encoder encoder(fbb, lowered, lifted);
+  std::vector<fb::Offset<wire::Node>> encoded;
+  for (const NodePtr& node : nodes) {
+    const auto& facts = opFacts(node->op);
+    const auto& arguments = node->schema().arguments();
+    const std::vector<bool> shown = shownArgs(node->schema(), node->args);
+    std::vector<fb::Offset<wire::Argument>> args;
+    for (size_t i = 0; i < node->args.size(); ++i) {
+      if (!shown[i]) continue;
+      walkArg(node->args[i], i < facts.args.size() ? facts.args[i] : ArgKind::kOther, encoder, *node);
+      const bool keyword = i < arguments.size() && arguments[i].kwarg_only();
+      auto name = keyword ? fbb.CreateString(arguments[i].name()) : fb::Offset<fb::String>();
+      args.push_back(wire::CreateArgument(fbb, name, encoder.result.first, encoder.result.second));
+    }
+    const auto& op_name = node->op.operator_name();
+    encoded.push_back(wire::CreateNode(fbb, fbb.CreateString(op_name.name), fbb.CreateString(op_name.overload_name),
+                                       fbb.CreateVector(args), static_cast<uint32_t>(node->outputs.size())));
+  }
+  auto graph = wire::CreateGraph(fbb, fb::Offset<fb::String>(), fbb.CreateVector(inputs),
+                                 static_cast<uint32_t>(lifted.size()), fbb.CreateVector(encoded));
+  wire::finishGraph(fbb, graph);
+  auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(fbb.GetBufferPointer()), fbb.GetSize());
+  auto verified = wire::verifyGraph(bytes);
+  TORCH_CHECK(static_cast<bool>(verified), "genie: the lowered graph fails verification: ", verified.status().message());
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// ---- 4. scalar lifting ----------------------------------------------------------------------
+
+size_t GraphCache::KeyHash::operator()(const std::vector<int64_t>& k) const {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ k.size();
+  for (int64_t w : k) {
+    h ^= static_cast<uint64_t>(w);
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 32;
+  }
+  return static_cast<size_t>(h);
+}
+
+GraphCache::Family& GraphCache::familyOf(const Lowered& lowered) {
+  // A loop runs one structure again and again: compare with the last key before hashing.
+  if (last_ != nullptr && *last_key_ == lowered.key) return *last_;
+  auto [it, inserted] = families_.try_emplace(lowered.key);
+  if (inserted) {
+    it->second.base = lowered.numbers;
+    it->second.lifted.assign(lowered.numbers.size(), false);
+  }
+  last_key_ = &it->first;
+  last_ = &it->second;
+  return it->second;
+}
+
+GraphCache::Prepared GraphCache::prepare(const Lowered& lowered) {
+  Family& family = familyOf(lowered);
+  Prepared p;
+  for (size_t i = 0; i < lowered.numbers.size(); ++i) {
+    if (!family.lifted[i] && !(lowered.numbers[i] == family.base[i])) family.lifted[i] = true;
+    if (family.lifted[i]) {
+      p.scalars.emplace_back(static_cast<uint32_t>(p.lifted.size()), lowered.numbers[i]);
+      p.lifted.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  auto found = family.ids.find(p.lifted);
+  if (found != family.ids.end()) p.graph_id = found->second;
+  return p;
+}
+
+void GraphCache::remember(const Lowered& lowered, const std::vector<uint32_t>& lifted, const wire::GraphId& graph_id) {
+  familyOf(lowered).ids[lifted] = graph_id;
+}
+
+void GraphCache::clear() {
+  families_.clear();
+  last_key_ = nullptr;
+  last_ = nullptr;
+}
+
+size_t GraphCache::size() const {
+  size_t n = 0;
+  for (const auto& [key, family] : families_) n += family.ids.size();
+  return n;
+}
+
+// ---- 5. the request -------------------------------------------------------------------------
+
+namespace {
+
+void addSpec(Cut& cut, const ValuePtr& v, OutputAction action) {
+  OutputRow row;
+  row.value_id = cut.lowered.ids.at(v.get());
+  row.action = action;
+  row.residency = v->residency;
+  if (action != OutputAction::kReturn) {
+    row.handle = newHandle();
+    cut.kept.push_back(v);
+  }
+  cut.specs.push_back(row);
+  cut.spec_values.push_back(v);
+}
+
+}  // namespace
+
+Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const std::vector<ValuePtr>& described) {
+  Cut cut;
+  std::vector<Value*> wanted;
+  for (const ValuePtr& v : returned) wanted.push_back(v.get());
+  for (const ValuePtr& v : described) wanted.push_back(v.get());
+  cut.taken = recording.takePending();
+  try {
+    cut.nodes = liveNodes(cut.taken, wanted);
+    std::vector<ValuePtr> extra;
+    for (const ValuePtr& v : returned) {
+      if (!v->pending()) extra.push_back(v);
+    }
+    annotateKvCache(cut.nodes);
+    cut.lowered = lower(cut.nodes, extra);
+    cut.prepared = recording.graphs().prepare(cut.lowered);
+  } catch (...) {
+    recording.restorePending(std::move(cut.taken));
+    throw;
+  }
+  HandleSet in_use;
+  for (const LoweredInput& input : cut.lowered.inputs) {
+    if (input.kind != LoweredInput::kInline) in_use.insert(*input.value->handle);
+  }
+  cut.frees = recording.takeFrees(in_use);
+  std::unordered_set<const Value*> seen;
+  for (const ValuePtr& v : returned) {
+    const bool keep = v->tensors.load(std::memory_order_relaxed) > 0 && v->pending();
+    addSpec(cut, v, keep ? OutputAction::kReturnAndKeep : OutputAction::kReturn);
+    seen.insert(v.get());
+  }
+  for (const ValuePtr& v : described) {
+    addSpec(cut, v, OutputAction::kKeepAndDescribe);
+    seen.insert(v.get());
+  }
+  for (const NodePtr& node : cut.nodes) {
+    for (const ValuePtr& v : node->outputs) {
+      if (v->tensors.load(std::memory_order_relaxed) > 0 && seen.insert(v.get()).second) addSpec(cut, v, OutputAction::kKeep);
+    }
+  }
+  return cut;
+}
+
+void commit(Recording& recording, Cut& cut) {
+  // Values of nodes the cut left out were never needed (dead): they stay without a handle.
+  for (const NodePtr& node : cut.taken) {
+    for (const ValuePtr& v : node->outputs) v->producer = nullptr;
+  }
+  for (size_t i = 0, k = 0; i < cut.specs.size(); ++i) {
+    const OutputRow& row = cut.specs[i];
+    if (!row.handle) continue;
+    const ValuePtr& v = cut.kept[k++];
+    v->handle = row.handle;
+    v->residency = row.residency;
+    recording.noteResident(v);
+  }
+}
+
+void restore(Recording& recording, Cut& cut) { recording.restorePending(std::move(cut.taken)); }
+
+void fail(Recording& recording, Cut& cut, int64_t op_index, PyObject* error) {
+  const bool known = op_index >= 0 && op_index < static_cast<int64_t>(cut.nodes.size());
+  std::unordered_set<const Value*> lost;
+  std::unordered_set<const Node*> lost_nodes;
+  if (known) {
+    for (size_t i = 0; i < cut.nodes.size(); ++i) {
+      const Node& node = *cut.nodes[i];
+      bool is_lost = static_cast<int64_t>(i) == op_index || (static_cast<int64_t>(i) < op_index && !node.writes.empty());
+      for (size_t j = 0; !is_lost && j < node.inputs().size(); ++j) is_lost = lost.count(node.inputs()[j]) != 0;
+      if (!is_lost) continue;
+      lost_nodes.insert(&node);
+      for (const ValuePtr& v : node.outputs) lost.insert(v.get());
+    }
+  }
+  std::unordered_set<const Node*> in_cut;
+  for (const NodePtr& node : cut.nodes) in_cut.insert(node.get());
+  std::vector<NodePtr> survivors;
+  for (NodePtr& node : cut.taken) {
+    const bool survives = known && in_cut.count(node.get()) != 0 && lost_nodes.count(node.get()) == 0;
+    if (survives) {
+      survivors.push_back(std::move(node));
+      continue;
+    }
+    const bool failed = !known || lost_nodes.count(node.get()) != 0;
+    for (const ValuePtr& v : node->outputs) {
+      v->producer = nullptr;
+      if (failed) v->setError(error);
+    }
+  }
+  cut.taken.clear();
+  recording.restorePending(std::move(survivors));
+}
+
+}  // namespace genie::frontend

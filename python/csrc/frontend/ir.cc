@@ -1,0 +1,146 @@
+#include "frontend/ir.h"
+
+#include <algorithm>
+#include <atomic>
+#include <sstream>
+
+namespace genie::frontend {
+namespace {
+
+std::atomic<int64_t> g_sequence{0};
+
+char hexDigit(unsigned v) { return "0123456789abcdef"[v & 15]; }
+
+}  // namespace
+
+Value::Value(c10::intrusive_ptr<Storage> storage_, at::ScalarType dtype_, uint32_t index_, Node* producer_)
+    : storage(std::move(storage_)), dtype(dtype_), index(index_), producer(producer_) {}
+
+Value::~Value() {
+  if (error == nullptr) return;
+  if (!Py_IsInitialized()) return;  // the interpreter is gone: nothing to release
+  PyGILState_STATE gil = PyGILState_Ensure();
+  Py_CLEAR(error);
+  PyGILState_Release(gil);
+}
+
+void Value::setError(PyObject* e) {
+  Py_XINCREF(e);
+  Py_XSETREF(error, e);
+}
+
+std::string Value::str() const {
+  if (producer != nullptr) return "%" + std::to_string(producer->seq) + "." + std::to_string(index);
+  if (!handle) return "<freed>";
+  std::string hex = "<resident ";
+  const uint64_t hi = handle->hi();
+  for (int shift = 60; shift >= 32; shift -= 4) hex += hexDigit(static_cast<unsigned>(hi >> shift));
+  return hex + ">";
+}
+
+namespace {
+
+std::vector<ValuePtr> makeOutputs(Node* node, const std::vector<OutputSpec>& specs) {
+  std::vector<ValuePtr> outputs;
+  outputs.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    outputs.push_back(c10::make_intrusive<Value>(specs[i].storage, specs[i].dtype, static_cast<uint32_t>(i), node));
+  }
+  return outputs;
+}
+
+}  // namespace
+
+Node::Node(c10::OperatorHandle op_, std::vector<c10::IValue> args_, const std::vector<OutputSpec>& specs,
+           std::vector<StoragePtr> writes_, int64_t seq_)
+    : op(std::move(op_)), args(std::move(args_)), outputs(makeOutputs(this, specs)), writes(std::move(writes_)),
+      seq(seq_) {
+  for (const c10::IValue& arg : args) forEachValue(arg, [&](Value* v) { inputs_.push_back(v); });
+}
+
+NodePtr Node::make(c10::OperatorHandle op, std::vector<c10::IValue> args, const std::vector<OutputSpec>& outputs,
+                   std::vector<StoragePtr> writes) {
+  const int64_t seq = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  return NodePtr::reclaim(new Node(std::move(op), std::move(args), outputs, std::move(writes), seq));
+}
+
+std::string opNameOf(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+std::string Node::opName() const { return opNameOf(op); }
+
+namespace {
+
+void show(std::ostream& out, const c10::IValue& arg) {
+  if (arg.isCapsule()) {
+    out << valueOf(arg)->str();
+  } else if (arg.isTensor()) {
+    out << "const" << arg.toTensor().sizes();
+  } else if (arg.isList()) {
+    out << "[";
+    bool first = true;
+    for (const c10::IValue& x : arg.toListRef()) {
+      if (!first) out << ", ";
+      first = false;
+      show(out, x);
+    }
+    out << "]";
+  } else {
+    out << arg;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+bool isDefault(const c10::Argument& argument, const c10::IValue& value) {
+  const auto& fallback = argument.default_value();
+  return fallback.has_value() && !value.isCapsule() && !value.isTensor() && *fallback == value;
+}
+
+}  // namespace
+
+std::vector<bool> shownArgs(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args) {
+  const auto& arguments = schema.arguments();
+  const size_t n = std::min(arguments.size(), args.size());
+  std::vector<bool> shown(args.size(), true);
+  size_t positional = 0;
+  while (positional < n && !arguments[positional].kwarg_only()) ++positional;
+  size_t last = positional;
+  while (last > 0 && isDefault(arguments[last - 1], args[last - 1])) --last;
+  for (size_t i = last; i < positional; ++i) shown[i] = false;
+  for (size_t i = positional; i < n; ++i) shown[i] = !isDefault(arguments[i], args[i]);
+  return shown;
+}
+
+std::string Node::str() const {
+  std::ostringstream out;
+  for (size_t i = 0; i < outputs.size(); ++i) out << (i ? ", " : "") << "%" << seq << "." << i;
+  out << (outputs.empty() ? "" : " = ") << opName() << "(";
+  const auto& arguments = schema().arguments();
+  const std::vector<bool> shown = shownArgs(schema(), args);
+  bool first = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!shown[i]) continue;
+    if (!first) out << ", ";
+    first = false;
+    if (i < arguments.size() && arguments[i].kwarg_only()) out << arguments[i].name() << "=";
+    show(out, args[i]);
+  }
+  out << ")";
+  return out.str();
+}
+
+c10::IValue capsuleOf(const ValuePtr& value) {
+  return c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(value));
+}
+
+Value* valueOf(const c10::IValue& arg) {
+  if (!arg.isCapsule()) return nullptr;
+  return static_cast<Value*>(arg.toCapsule().get());
+}
+
+}  // namespace genie::frontend

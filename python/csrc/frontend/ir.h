@@ -1,0 +1,143 @@
+// The frontend's graph IR: what capture records, the passes read and the runtime runs.
+//
+//  - Storage: the values that alias one memory region (a tensor, its views, the results of
+//    in-place ops on them). An op that writes a storage must run while a live tensor is on it.
+//  - Value: one tensor value, produced by a pending Node (output `index`) or resident on the
+//    node under a 128-bit handle. Its IR fields (storage, dtype, index) are fixed when it is
+//    made. The rest is the runtime's books (where it lives, how many LazyTensors hold it,
+//    whether it is lost, its host copy): changed only by Recording (recording.h) and the
+//    runtime layer, under the process lock (lock.h).
+//  - Node: one recorded op: the operator, every argument of its schema in order (a device
+//    tensor as its Value, in an IValue capsule; a 0-dim host tensor as itself, a constant that
+//    travels inline; everything else as the IValue the dispatcher gave), its outputs and the
+//    storages it writes. Node::make builds it whole, outputs included; it never changes after.
+//
+// Structure from tinygrad's UOp (tinygrad/uop/ops.py): a small immutable record per op, the
+// runtime's state outside it. Ownership: a Node holds its inputs and outputs; a Value points
+// back at its producer without owning it, and the Recording clears that pointer when the node
+// leaves the pending graph (run or dropped), before the node can die.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <Python.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "genie/wire/genie_generated.h"
+
+namespace genie::frontend {
+
+class Node;
+
+/// RunGraph output actions (schemas/genie.fbs OutputAction).
+enum class OutputAction : uint8_t { kReturn = 0, kKeep = 1, kReturnAndKeep = 2, kKeepAndDescribe = 3 };
+/// Residency classes (schemas/genie.fbs Residency).
+enum Residency : uint8_t { kActivation = 0, kWeight = 1, kKvCache = 2, kGradient = 3 };
+
+/// Values that alias one memory region.
+struct Storage final : c10::intrusive_ptr_target {
+  std::atomic<int64_t> live{0};  // LazyTensors whose current value is on this storage
+  bool written = false;          // a recorded op writes it: no value on it has a host copy again
+};
+
+/// One tensor value (see the top of this file).
+class Value final : public torch::CustomClassHolder {
+ public:
+  Value(c10::intrusive_ptr<Storage> storage, at::ScalarType dtype, uint32_t index, Node* producer);
+  ~Value() override;  // drops `error` (taking the GIL: a lost value is rare)
+
+  // ---- the IR ----
+  const c10::intrusive_ptr<Storage> storage;
+  /// The element type. Set when the value is made, except for an op whose outputs only the node
+  /// can describe (then set once from the node's answer, genie.recorder).
+  at::ScalarType dtype;
+  const uint32_t index;  // output index in its producer
+
+  // ---- the runtime's books (under the process lock, but `tensors`: atomic) ----
+  Node* producer;  // the pending op that makes it; nullptr once it ran or was dropped, or resident
+  std::optional<wire::Handle> handle;  // set while resident on the node
+  uint8_t residency = kActivation;
+  std::atomic<int64_t> tensors{0};  // LazyTensors whose current value this is
+  PyObject* error = nullptr;        // a strong reference when lost (a failed run, a lost node)
+  at::Tensor host;                  // its exact contents on the host, if known (host evaluation)
+
+  bool pending() const { return producer != nullptr; }
+  bool lost() const { return error != nullptr; }
+  /// Sets (or, with nullptr, clears) the error; with the GIL held.
+  void setError(PyObject* error);
+  /// "%12.0" for a pending value, "<resident 3fa2c1d0>", "<freed>".
+  std::string str() const;
+};
+
+using ValuePtr = c10::intrusive_ptr<Value>;
+using StoragePtr = c10::intrusive_ptr<Storage>;
+
+/// What Node::make needs per output: the storage it lives in (a new one, or the one of the
+/// argument it aliases or writes) and its dtype.
+struct OutputSpec {
+  StoragePtr storage;
+  at::ScalarType dtype;
+};
+
+/// One recorded op (see the top of this file).
+class Node final : public c10::intrusive_ptr_target {
+ public:
+  /// The node, its outputs made with it. `args`: every schema argument (Value capsules for
+  /// device tensors, see valueOf). `seq`: its position in program order (process-wide).
+  static c10::intrusive_ptr<Node> make(c10::OperatorHandle op, std::vector<c10::IValue> args,
+                                       const std::vector<OutputSpec>& outputs, std::vector<StoragePtr> writes);
+
+  const c10::OperatorHandle op;
+  const std::vector<c10::IValue> args;
+  const std::vector<ValuePtr> outputs;
+  const std::vector<StoragePtr> writes;
+  const int64_t seq;
+
+  /// The Values this node reads, in argument order (a value read twice appears twice).
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const c10::FunctionSchema& schema() const { return op.schema(); }
+  /// "aten::add.Tensor" (no ".default").
+  std::string opName() const;
+  /// "%3.0 = aten::add.Tensor(%1.0, %2.0, 1)".
+  std::string str() const;
+
+ private:
+  Node(c10::OperatorHandle op, std::vector<c10::IValue> args, const std::vector<OutputSpec>& outputs,
+       std::vector<StoragePtr> writes, int64_t seq);
+  std::vector<Value*> inputs_;
+};
+
+using NodePtr = c10::intrusive_ptr<Node>;
+
+/// An argument IValue holding a Value (a device tensor argument).
+c10::IValue capsuleOf(const ValuePtr& value);
+/// The Value `arg` holds, or nullptr when it holds none.
+Value* valueOf(const c10::IValue& arg);
+/// Calls f(Value*) for every Value in `arg` (itself, or the elements of a list).
+template <typename F>
+void forEachValue(const c10::IValue& arg, F&& f) {
+  if (arg.isCapsule()) {
+    f(valueOf(arg));
+  } else if (arg.isList()) {
+    for (const c10::IValue& x : arg.toListRef()) {
+      if (x.isCapsule()) f(valueOf(x));
+    }
+  }
+}
+
+/// Which of `args` (every argument of `schema`) a call shows, as Python dispatch passes them:
+/// positional arguments up to the last one that differs from its default, keyword-only
+/// arguments that differ from their defaults. A tensor argument always differs.
+std::vector<bool> shownArgs(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args);
+
+/// "aten::add.Tensor" for an operator (no ".default").
+std::string opNameOf(const c10::OperatorHandle& op);
+
+}  // namespace genie::frontend

@@ -1,0 +1,78 @@
+// LazyTensor's TensorImpl: a tensor on remote_accelerator that owns no memory.
+//
+// Its key set is PrivateUse1's (plus the autograd and autocast keys every device tensor has) and
+// holds no Python key, so an op on it passes autograd as on any device and reaches the
+// recorder's PrivateUse1 kernel (dispatch_kernel.cc). It carries the geometry shape inference
+// computed (sizes, strides, storage offset, dtype, conjugate and negative bits), a storage of
+// the byte size that geometry needs at a device address of its own (never dereferenced on the
+// host: non-canonical x86-64 addresses from 2^62, so a stray host read faults at once; a view
+// shares its base's storage, so `untyped_storage().data_ptr()` tells storages apart as on CUDA),
+// and its recording state: the Value it holds now (in-place ops rebind it) and the Recording of
+// its device.
+//
+// Lifetime without the GIL or the process lock: attaching a tensor to a value counts it
+// (Value::tensors, Storage::live: atomics); the destructor hands the value to
+// Recording::noteDead, which only queues it (its own mutex); the runtime counts it down at its
+// next request. PyTorch's shallow copies (autograd's saved outputs, `detach` inside kernels)
+// are tensors of their own on the same value.
+//
+// Inference tensors: a view is an inference tensor exactly when its base is one, as PyTorch
+// makes views (a slice of a module buffer taken in torch.inference_mode() stays a normal tensor).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include "frontend/ir.h"
+#include "frontend/shapes.h"
+
+namespace genie::frontend {
+
+class Recording;
+
+class LazyTensorImpl final : public c10::TensorImpl {
+ public:
+  LazyTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, ValuePtr value, c10::intrusive_ptr<Recording> recording);
+  ~LazyTensorImpl() override;
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  /// `tensor.data = other` (VariableHooks::set_data): this tensor takes `other`'s geometry and
+  /// holds its value (Module.half() converts parameters so). Takes the process lock.
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+  /// The value it holds now. Read under the process lock (an in-place op may rebind it).
+  const ValuePtr& value() const { return value_; }
+  Recording& recording() const { return *recording_; }
+  const c10::intrusive_ptr<Recording>& recordingPtr() const { return recording_; }
+  /// Holds `value` from now on: counted on it (and on its storage, if another), the old one
+  /// counted down and queued for freeing if it was resident and nobody holds it. Under the
+  /// process lock.
+  void rebind(ValuePtr value);
+  /// Gives it `desc`'s sizes, strides and offset (an out= op that resized it). The dtype cannot
+  /// change: RuntimeError.
+  void setGeometry(const Desc& desc);
+
+ private:
+  template <typename Version>
+  c10::intrusive_ptr<c10::TensorImpl> copy(Version&& version_counter, bool allow_tensor_metadata_change) const;
+
+  ValuePtr value_;
+  c10::intrusive_ptr<Recording> recording_;
+};
+
+/// The LazyTensorImpl of `tensor`, or nullptr for any other tensor.
+LazyTensorImpl* lazyImpl(const at::Tensor& tensor);
+inline bool isLazy(const at::Tensor& tensor) { return lazyImpl(tensor) != nullptr; }
+
+/// A new LazyTensor holding `value` with geometry `desc` on `recording`'s device. `base`: the
+/// tensor it is a view of (it shares its storage and inference status), or nullptr.
+at::Tensor makeLazy(const ValuePtr& value, const Desc& desc, const c10::intrusive_ptr<Recording>& recording,
+                    const at::Tensor* base);
+
+/// The storage of a new value of `nbytes` on `device`: a device address range of its own.
+c10::Storage newDeviceStorage(size_t nbytes, c10::Device device);
+
+}  // namespace genie::frontend

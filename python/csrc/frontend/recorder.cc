@@ -1,0 +1,356 @@
+#include "frontend/recorder.h"
+
+#include <ATen/core/List.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "frontend/lazy_tensor.h"
+#include "frontend/lock.h"
+#include "frontend/op_facts.h"
+#include "frontend/shapes.h"
+
+namespace genie::frontend {
+namespace {
+
+std::atomic<int64_t> g_cpp{0};
+std::atomic<int64_t> g_python{0};
+
+[[noreturn]] void deviceError(const c10::Device& a, const c10::Device& b) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ",
+              b, "!");
+}
+
+/// A Python number the arg parser wrapped as a tensor (`x * 0.5`), as the number again: it is
+/// recorded as a scalar, as Python dispatch would see it.
+c10::IValue numberOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return *t.const_data_ptr<double>();
+    case at::kLong: return *t.const_data_ptr<int64_t>();
+    case at::kBool: return *t.const_data_ptr<bool>();
+    case at::kComplexDouble: return *t.const_data_ptr<c10::complex<double>>();
+    default: return t.item();
+  }
+}
+
+/// The arguments of one call, walked once under the process lock: the plan's key, the node's
+/// arguments, and the device they are on.
+class Walk {
+ public:
+  Walk(const c10::OperatorHandle& op, const OpFacts& facts, const CallOptions& options)
+      : key(op), facts_(facts), options_(options) {}
+
+  KeyBuilder key;
+  std::vector<c10::IValue> args;
+  Recording* recording = nullptr;
+
+  /// False when Python must take the call (a lost value: Python raises its error; an argument of
+  /// a kind the recorder does not know). Throws PyTorch's device errors.
+  bool run(const c10::IValue* first, size_t n) {
+    args.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& a = first[i];
+      const ArgKind kind = i < facts_.args.size() ? facts_.args[i] : ArgKind::kOther;
+      switch (kind) {
+        case ArgKind::kTensor: {
+          c10::IValue converted;
+          if (!tensor(a, static_cast<int>(i), converted)) return false;
+          args.push_back(std::move(converted));
+          break;
+        }
+        case ArgKind::kTensorList:
+        case ArgKind::kOptionalTensorList: {
+          if (!a.isList()) return false;
+          const auto list = a.toListRef();
+          c10::impl::GenericList out(c10::AnyType::get());
+          out.reserve(list.size());
+          key.add(KeyBuilder::kTensorList, static_cast<int64_t>(list.size()));
+          for (const c10::IValue& x : list) {
+            c10::IValue converted;
+            if (!tensor(x, static_cast<int>(i), converted)) return false;
+            out.push_back(std::move(converted));
+          }
+          args.emplace_back(std::move(out));
+          break;
+        }
+        case ArgKind::kGenerator:
+          if (!a.isNone()) {
+            // Random ops draw from the node's generator (seeded by torch.manual_seed); a local
+            // generator cannot reach it. PyTorch's error for a generator of another device:
+            TORCH_CHECK(false, "Expected a 'remote_accelerator' device type for generator but found '",
+                        a.toGenerator().device().type(),
+                        "' (genie: random ops draw from the node's generator; seed it with torch.manual_seed)");
+          }
+          key.add(KeyBuilder::kNone);
+          args.emplace_back();
+          break;
+        default:
+          if (!key.addValue(a)) return false;
+          args.push_back(a);
+      }
+    }
+    if (host_ && recording != nullptr) deviceError(recording->device(), host_device_);
+    return true;
+  }
+
+ private:
+  bool tensor(const c10::IValue& a, int index, c10::IValue& out) {
+    if (a.isNone() || (a.isTensor() && !a.toTensor().defined())) {
+      key.add(KeyBuilder::kNone);
+      out = c10::IValue();
+      return true;
+    }
+    if (!a.isTensor()) return false;
+    const at::Tensor& t = a.toTensor();
+    if (LazyTensorImpl* impl = lazyImpl(t)) {
+      Recording* rec = &impl->recording();
+      if (recording != nullptr && recording != rec) deviceError(recording->device(), rec->device());
+      recording = rec;
+      const ValuePtr& value = impl->value();
+      if (!value || value->lost()) return false;  // Python raises the value's error
+      key.addLazy(t);
+      out = capsuleOf(value);
+      return true;
+    }
+    if (t.is_cpu()) {
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        key.add(KeyBuilder::kWrapped, static_cast<int64_t>(t.scalar_type()));
+        out = numberOf(t);
+        return true;
+      }
+      if (std::find(options_.host_args.begin(), options_.host_args.end(), index) != options_.host_args.end()) {
+        key.addHost(t);
+        out = t.detach().contiguous().clone();
+        return true;
+      }
+      if (t.dim() == 0) {  // a constant: travels inline with the run; a snapshot, as eager reads it now
+        key.add(KeyBuilder::kConstant, static_cast<int64_t>(t.scalar_type()));
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        out = t.detach().clone();
+        return true;
+      }
+    }
+    host_ = true;  // a host (or other device's) tensor beside device tensors: PyTorch's device error
+    host_device_ = t.device();
+    out = c10::IValue();
+    return true;
+  }
+
+  const OpFacts& facts_;
+  const CallOptions& options_;
+  bool host_ = false;
+  c10::Device host_device_{c10::kCPU};
+};
+
+/// The recording a factory call (no device tensor among its arguments) is for: its device
+/// argument's. nullptr when there is none or its runtime does not exist yet (Python makes it).
+Recording* factoryRecording(const c10::IValue* first, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!first[i].isDevice()) continue;
+    const c10::Device device = first[i].toDevice();
+    if (device.type() != c10::DeviceType::PrivateUse1) continue;
+    int index = device.index();
+    if (index < 0) index = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+    return recordingFor(index);
+  }
+  return nullptr;
+}
+
+/// The route of a call whose facts route it conditionally: recorded as it is, or Python.
+bool recordsHere(Route route, const c10::IValue* first, size_t n) {
+  switch (route) {
+    case Route::kToCopy: {  // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+      LazyTensorImpl* src = first[0].isTensor() ? lazyImpl(first[0].toTensor()) : nullptr;
+      if (src == nullptr) return false;
+      if (n > 4 && first[4].isBool() && first[4].toBool()) return false;  // pin_memory=True: PyTorch's error
+      if (n > 3 && first[3].isDevice()) {
+        const c10::Device device = first[3].toDevice();
+        return device.type() == c10::DeviceType::PrivateUse1 && device.index() == src->recording().device_index;
+      }
+      return true;
+    }
+    case Route::kCopy: {  // copy_(self, src, non_blocking)
+      LazyTensorImpl* dst = first[0].isTensor() ? lazyImpl(first[0].toTensor()) : nullptr;
+      LazyTensorImpl* src = first[1].isTensor() ? lazyImpl(first[1].toTensor()) : nullptr;
+      return dst != nullptr && src != nullptr && &dst->recording() == &src->recording();
+    }
+    case Route::kIndex: {  // the indices: device tensors, None or 0-dim host tensors (else uploaded by Python)
+      if (!first[1].isList()) return false;
+      for (const c10::IValue& x : first[1].toListRef()) {
+        if (x.isTensor() && x.toTensor().defined() && !isLazy(x.toTensor()) && x.toTensor().dim() > 0) return false;
+      }
+      return true;
+    }
+    default:
+      return true;
+  }
+}
+
+/// Records the node for `plan` and makes its results (under the process lock).
+std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& facts, const Plan& plan, Walk& walk,
+                              const c10::IValue* first, Recorded& recorded) {
+  Recording& rec = *walk.recording;
+  RecordingPtr rec_ptr = RecordingPtr::reclaim_copy(&rec);
+  const std::vector<Desc>& descs = plan.shapes.outputs;
+
+  std::vector<StoragePtr> writes;
+  for (int w : facts.writes) {
+    const c10::IValue& a = first[w];
+    auto note = [&](const c10::IValue& x) {
+      if (!x.isTensor()) return;
+      if (LazyTensorImpl* impl = lazyImpl(x.toTensor())) writes.push_back(impl->value()->storage);
+    };
+    if (a.isList()) {
+      for (const c10::IValue& x : a.toListRef()) note(x);
+    } else {
+      note(a);
+    }
+  }
+  if (facts.seeded) writes.push_back(rec.rng());
+
+  // Each output: where it lives, and the argument tensor it aliases or writes (if a device tensor).
+  std::vector<OutputSpec> specs;
+  std::vector<const at::Tensor*> sources;
+  std::vector<ReturnFacts::Kind> kinds;
+  specs.reserve(descs.size());
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const ReturnFacts rf = facts.returns.empty() ? ReturnFacts{}
+                                                 : facts.returns[facts.list_return ? 0 : std::min(i, facts.returns.size() - 1)];
+    const at::Tensor* source = nullptr;
+    if (rf.kind != ReturnFacts::kNew && rf.arg >= 0) {
+      const c10::IValue& a = first[rf.arg];
+      if (a.isTensor()) {
+        source = &a.toTensor();
+      } else if (a.isTensorList() || a.isList()) {
+        const auto list = a.toListRef();
+        if (i < list.size() && list[i].isTensor()) source = &list[i].toTensor();
+      }
+      if (source != nullptr && !isLazy(*source)) source = nullptr;
+    }
+    StoragePtr storage = source != nullptr ? lazyImpl(*source)->value()->storage : c10::make_intrusive<Storage>();
+    specs.push_back({std::move(storage), descs[i].defined ? descs[i].dtype : at::kFloat});
+    sources.push_back(source);
+    kinds.push_back(rf.kind);
+  }
+  NodePtr node = Node::make(op, std::move(walk.args), specs, std::move(writes));
+  rec.append(node);
+
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(descs.size());
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const Desc& desc = descs[i];
+    if (!desc.defined) {
+      outputs.emplace_back();
+    } else if (kinds[i] == ReturnFacts::kWrite && sources[i] != nullptr) {
+      LazyTensorImpl* impl = lazyImpl(*sources[i]);
+      impl->rebind(node->outputs[i]);
+      if (!(Desc::of(*sources[i]) == desc)) impl->setGeometry(desc);  // a resizing out= op (arange.out into empty(0))
+      outputs.push_back(*sources[i]);
+    } else {
+      const at::Tensor* base = kinds[i] == ReturnFacts::kView ? sources[i] : nullptr;
+      outputs.push_back(makeLazy(node->outputs[i], desc, rec_ptr, base));
+      recorded.fresh.push_back(outputs.back());
+    }
+  }
+
+  // The results, as the schema returns them.
+  std::vector<c10::IValue> results;
+  const auto& returns = op.schema().returns();
+  if (facts.list_return) {
+    c10::List<at::Tensor> list;
+    for (at::Tensor& t : outputs) list.push_back(std::move(t));
+    results.emplace_back(std::move(list));
+  } else {
+    for (size_t r = 0; r < returns.size(); ++r) {
+      if (r < outputs.size() && outputs[r].defined()) {
+        results.emplace_back(std::move(outputs[r]));
+      } else if (returns[r].real_type()->kind() == c10::TypeKind::OptionalType) {
+        results.emplace_back();
+      } else {
+        results.emplace_back(at::Tensor());
+      }
+    }
+  }
+  return results;
+}
+
+/// The same-value views (detach, alias, lift_fresh): a new tensor on the value of args[0].
+std::optional<std::vector<c10::IValue>> sameValue(const c10::IValue* first, Recorded& recorded) {
+  if (!first[0].isTensor()) return std::nullopt;
+  const at::Tensor& src = first[0].toTensor();
+  LazyTensorImpl* impl = lazyImpl(src);
+  if (impl == nullptr || !impl->value() || impl->value()->lost()) return std::nullopt;
+  at::Tensor out = makeLazy(impl->value(), Desc::of(src), impl->recordingPtr(), &src);
+  recorded.fresh.push_back(out);
+  recorded.recording = &impl->recording();
+  return std::vector<c10::IValue>{out};
+}
+
+}  // namespace
+
+Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const CallOptions& options) {
+  const size_t n = op.schema().arguments().size();
+  TORCH_CHECK(stack.size() >= n, opNameOf(op), ": ", stack.size(), " values on the stack for ", n, " arguments");
+  const c10::IValue* first = stack.data() + (stack.size() - n);
+  Recorded recorded;
+  std::optional<Shapes> inferred;  // outputs inferred without the lock, for the next try
+  std::vector<c10::IValue> results;
+  while (true) {
+    const OpFacts* facts = nullptr;
+    {
+      LockGuard lock;
+      facts = &opFacts(op);
+      const Route route = options.from_python ? Route::kRecord : facts->route;
+      if (route == Route::kPython || route == Route::kScalar) return recorded;
+      if (route == Route::kComposite) {
+        recorded.outcome = Outcome::kComposite;
+        return recorded;
+      }
+      if (route == Route::kSameValue) {
+        auto same = sameValue(first, recorded);
+        if (!same) return recorded;
+        results = std::move(*same);
+        break;
+      }
+      if (!recordsHere(route, first, n)) return recorded;
+      Walk walk(op, *facts, options);
+      if (!walk.run(first, n)) return recorded;
+      if (walk.recording == nullptr) walk.recording = factoryRecording(first, n);
+      if (walk.recording == nullptr) return recorded;  // a factory for a device whose runtime Python makes
+      const PlanKey key = walk.key.finish();
+      const Plan* plan = planCache().find(key);
+      if (plan == nullptr && inferred) plan = planCache().insert(key, Plan{std::move(*inferred)});
+      if (plan != nullptr) {
+        recorded.recording = walk.recording;
+        results = emit(op, *facts, *plan, walk, first, recorded);
+        break;
+      }
+    }
+    // A miss: infer the outputs with the lock released (a meta kernel may be Python), then walk
+    // again (another thread may have changed a value meanwhile) and record.
+    const std::vector<c10::IValue> args(first, first + n);
+    try {
+      auto rule = ruleShapes(op, *facts, args);
+      inferred = rule ? std::move(*rule) : metaShapes(op, *facts, args);
+    } catch (const NeedsNode&) {
+      return recorded;  // the node runs it now and describes its outputs (genie.recorder)
+    }
+  }
+  if (!options.from_python) g_cpp.fetch_add(1, std::memory_order_relaxed);
+  recorded.outcome = Outcome::kRecorded;
+  torch::jit::drop(stack, n);  // outside the lock: a tensor dying here may take the GIL (its Python object)
+  for (c10::IValue& r : results) stack.push_back(std::move(r));
+  return recorded;
+}
+
+RecorderCounters recorderCounters() {
+  return {g_cpp.load(std::memory_order_relaxed), g_python.load(std::memory_order_relaxed)};
+}
+
+void countPython() { g_python.fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace genie::frontend

@@ -211,9 +211,27 @@ bool wantsRun(const Recorded& recorded) {
   return recorded.recording->wantsRun();
 }
 
+/// Whether `op` with these arguments is aten::_to_copy of a host tensor that is not an
+/// nn.Parameter (those are uploaded as weights by genie.uploads): the recorder may then upload it
+/// inline. Takes the GIL (not the process lock) to read the tensor's Python type.
+bool mayUploadInline(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  static const c10::OperatorHandle to_copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "");
+  if (op != to_copy) return false;
+  const c10::IValue& self = stack[stack.size() - op.schema().arguments().size()];
+  if (!self.isTensor() || !self.toTensor().defined() || !self.toTensor().is_cpu()) return false;
+  py::gil_scoped_acquire gil;
+  PyObject* obj = THPVariable_Wrap(self.toTensor());
+  if (obj == nullptr) throwPythonError();
+  const bool parameter = PyObject_IsInstance(obj, ParameterClass) == 1;
+  Py_DECREF(obj);
+  return !parameter;
+}
+
 /// The boxed kernel: records `op` with the arguments on `stack`, leaves its results there.
 void recordBoxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Recorded recorded = frontend::record(op, *stack, {});
+  frontend::CallOptions options;
+  options.inline_upload = mayUploadInline(op, *stack);
+  Recorded recorded = frontend::record(op, *stack, options);
   switch (recorded.outcome) {
     case Outcome::kRecorded:
       afterRecording(recorded, wantsRun(recorded));

@@ -58,9 +58,16 @@ class Uploads:
         self.recording.note_dead(value)
 
     def upload_tensor(self, cpu: torch.Tensor, residency: int):
-        """A new LazyTensor holding a copy of host tensor `cpu` (contiguous)."""
+        """A new LazyTensor holding a copy of host tensor `cpu` (contiguous): put on the node now,
+        or, for an activation up to `inline_max_bytes`, travelling inline with the next run."""
         data = cpu if cpu.storage_offset() == 0 and cpu.is_contiguous() else cpu.contiguous()
-        value = self.upload(data, residency)
+        if residency != WEIGHT and data.numel() * data.element_size() <= self.inline_max_bytes:
+            source = data.detach().clone()  # a snapshot, as .to() makes
+            value = self.recording.append_node(aten.alias.default, (source,), {}, [data.dtype]).outputs[0]
+            if _C.keeps_host_copy(source.dtype, source.numel() * source.element_size()):
+                value.host = source
+        else:
+            value = self.upload(data, residency)
         return _C.make_lazy(value, self.recording, list(data.shape), list(data.stride()), 0)
 
     def copy_from_host(self, dst, src: torch.Tensor, residency: int) -> None:

@@ -12,7 +12,10 @@
 //     shares its argument's storage; an in-place or out= op returns the very tensor it wrote,
 //     rebound to the node's output (and resized when an out= op resized it); a seeded op writes
 //     the device's generator.
-// Python (genie.recorder) takes what this does not: data movement between host and device,
+// A small host tensor moved to the device (`x.to(device)`, at most kInlineUploadBytes, not a
+// parameter) is recorded too: as `aten::alias` of a snapshot that travels inline with the next
+// run, converted on the host first when the call converts it (dtype, memory format).
+// Python (genie.recorder) takes what this does not: other data movement between host and device,
 // reads, ops whose outputs only the node can describe (no meta kernel, data-dependent shapes),
 // ops returning Python scalars, compatibility ops, and ops outside aten/prims/genie (Python
 // custom ops). Ops PyTorch would decompose (CompositeImplicitAutograd, reached only under
@@ -37,12 +40,19 @@ enum class Outcome : uint8_t {
   kComposite,  // decompose it (CompositeImplicitAutograd); the stack is untouched
 };
 
+/// Host tensors up to this many bytes move to the device inline with the next run (bytes).
+inline constexpr int64_t kInlineUploadBytes = 64 * 1024;
+
 struct CallOptions {
   /// Argument indices where a host tensor is taken by design (a packed sequence's batch_sizes):
   /// it travels inline, and its values are part of the plan's key.
   std::vector<int> host_args;
   /// Called from genie.recorder, which decided already: record the op as it is (no routing).
   bool from_python = false;
+  /// aten::_to_copy of a host tensor to the device may be recorded as an inline upload (the
+  /// kernel checked that the tensor is not an nn.Parameter, which is put on the node as a
+  /// weight by genie.uploads).
+  bool inline_upload = false;
 };
 
 struct Recorded {

@@ -377,9 +377,12 @@ void bindDispatchKernel(py::module_& m) {
     py::dict d;
     d["cpp"] = c.cpp;
     d["python"] = c.python;
+    d["rule"] = c.rule;
+    d["meta"] = c.meta;
     return d;
-  }, "recorder_counters() -> {'cpp': int, 'python': int}: ops recorded by the C++ recorder and handed to "
-     "genie.recorder since the process started.");
+  }, "recorder_counters() -> {'cpp', 'python', 'rule', 'meta': int}: ops recorded by the C++ recorder and handed "
+     "to genie.recorder since the process started; plan-cache misses answered by a shape rule and by the meta "
+     "kernel.");
 }
 
 }  // namespace genie::python

@@ -26,8 +26,10 @@ kept by the C++ recorder). This layer is the C++ client's only user; it holds th
   the process lock (genie.lazy), so threads that use remote devices at once are serialized op
   by op, as one CUDA stream serializes their kernels; each thread's values are its own.
 
-Uploads and host copies are in genie.uploads, the node's random generator in genie.rng (mixins
-of Runtime); registry, fork and GC policy at the end of this module.
+Over 400 lines: the Runtime and the process-wide registry that makes runtimes (with its fork and
+GC policy) are one unit; the connection and its error policy are in genie.connection, uploads in genie.uploads, the
+node's random generator in genie.rng (mixins of Runtime); the registry of runtimes and the fork
+and GC policy at the end of this module.
 """
 
 from __future__ import annotations
@@ -42,174 +44,33 @@ import torch
 
 from . import _C, config, host_eval  # noqa: F401 - host_eval: GENIE_HOST_EVAL applied at import
 from . import recorder as _recorder
-from .errors import GenieConnectionError, GenieError, GenieRemoteError
+from .connection import Connection
+from .errors import GenieConnectionError, GenieError
 from .graph import KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, Value
 from .lazy import lock
-from .lineage import Lineage
 from .rng import RngOps
 from .uploads import Uploads
 
 
-class Runtime(Uploads, RngOps):
+class Runtime(Connection, Uploads, RngOps):
     """One remote device. Call its methods holding `lock`."""
 
     max_in_flight = 32  # asynchronous runs outstanding before the program waits for them
 
-    # Recovery (`lineage` set): how long a lost node may take to come back (s), and how many
-    # times one request may be recovered (a request that kills every node it reaches).
-    recovery_timeout_s = 60.0
-    max_recoveries = 3
-
     def __init__(self, index: int, connect, keep_host_copy: bool = False) -> None:
         self.index = index
         self.device = torch.device("remote_accelerator", index)
-        self._connect = connect  # () -> genie._C.Client
-        self.client = None
         self.recording = _C.Recording(index, self)
-        # The requests that made the resident state, to rebuild it on a new node (None: off).
-        self.lineage: Lineage | None = Lineage() if keep_host_copy else None
-        self._interrupt: KeyboardInterrupt | None = None  # see _request
-        self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
-        self._lineage_entry: dict[int, int] = {}  # asynchronous runs: request id -> its lineage entry
-        self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
+        Connection.__init__(self, connect, keep_host_copy)
         Uploads.__init__(self)
         RngOps.__init__(self)
 
-    # ---- connection ---------------------------------------------------------------------
+    def _check_not_forked(self) -> None:
+        check_not_forked(str(self.device))
 
-    def connection(self):
-        if self.client is None:
-            check_not_forked(str(self.device))  # the client was the parent's (_after_fork_in_child)
-            self.client = self._connect()
-            self.recording.clear_graphs()
-            self.recording.async_chunk = async_chunk_for(self.client.device, self.client.address)
-            self.recording.connected = True
-            self._forget_rng_state()
-        return self.client
-
-    def _lost(self, error: BaseException) -> None:
-        """The node went away: every value of the session is lost; the next call reconnects."""
-        self.recording.mark_lost(error)
-        self.recording.connected = False
-        self.in_flight = {}
-        self._lineage_entry = {}
-        if self.lineage is not None:
-            self.lineage = Lineage()  # of handles that are gone with the node
-        self._deferred = None  # superseded by the connection error being raised
-        client, self.client = self.client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-
-    def _recover(self, error: GenieConnectionError) -> bool:
-        """With a lineage: connects again (the node restarted at its address, or a restarted
-        embedded node; for up to `recovery_timeout_s`) and replays the lineage on the new
-        session. True when the state is rebuilt; False (the values are then lost) otherwise."""
-        if self.lineage is None:
-            return False
-        old, self.client = self.client, None
-        if old is not None:
-            try:
-                old.close()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        deadline = time.monotonic() + self.recovery_timeout_s
-        while True:
-            try:
-                # Not connection(): the graph cache stays (graph ids are content hashes).
-                client = self._connect()
-                self.lineage.replay(client)
-            except GenieConnectionError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.25)
-                continue
-            except GenieError as replay_error:  # the new node refused the state (out of memory, ...)
-                warnings.warn(f"genie: {self.device}: rebuilding the lost state failed: {replay_error}", stacklevel=4)
-                return False
-            self.client = client
-            self.in_flight.clear()  # replayed; their failures were checked there
-            warnings.warn(f"genie: {self.device}: the node was lost ({error}); reconnected to {client.address} "
-                          f"and rebuilt the resident state from {len(self.lineage.entries)} logged requests",
-                          stacklevel=4)
-            return True
-
-    def _request(self, method: str, *args, _recoveries: int = 0):
-        """One request to the node that waits for its reply."""
-        client = self.connection()
-        returned_before = client.completed_calls
-        try:
-            result = getattr(client, method)(*args)
-        except GenieConnectionError as error:
-            if _recoveries < self.max_recoveries and self._recover(error):
-                return self._request(method, *args, _recoveries=_recoveries + 1)
-            self._lost(error)
-            raise
-        except KeyboardInterrupt as interrupt:
-            if client.completed_calls == returned_before:
-                raise
-            # Ctrl-C while the call waited (without the GIL): Python raises it as the call
-            # returns, after the node did the work. The books are kept with the call's result
-            # (the client records it) and the interrupt is raised once they agree with the
-            # node (`_raise_interrupt`), as a local program's state survives Ctrl-C.
-            self._interrupt = interrupt
-            result, client.last_result = client.last_result, None
-            return result
-        # No tensor kept longer than the caller keeps it. Setting a C++ attribute runs no
-        # bytecode, where Python would raise a pending interrupt, so none lands before it.
-        client.last_result = None
-        return result
-
-    def _raise_interrupt(self) -> None:
-        """Raises the KeyboardInterrupt `_request` held back, if any."""
-        interrupt, self._interrupt = self._interrupt, None
-        if interrupt is not None:
-            raise interrupt
-
-    def _call(self, method: str, *args):
-        """`_request`, then the report of failed asynchronous runs: the first one's error is
-        raised (after the request's own error, if it failed too: `raise ... from`)."""
-        try:
-            result = self._request(method, *args)
-        except GenieRemoteError as error:
-            failed = self._reap_async()
-            if failed is not None:
-                raise failed from error
-            raise
-        self._raise_interrupt()
-        failed = self._reap_async()
-        if failed is not None:
-            raise failed
-        return result
-
-    def _reap_async(self, sent_after: list[Value] = ()) -> BaseException | None:
-        """After a request that waited, every asynchronous run sent before it has finished.
-        Returns the first failure (or an error deferred by `_execute_async`), else None.
-
-        A failed run poisons what was sent after it, as a CUDA error does the work queued
-        behind it: the values it and every later run would have kept (and `sent_after`, those
-        of the request that just waited) are lost with its error. Later runs may have read
-        storage the failed run was to write, so their results cannot be trusted."""
-        first, self._deferred = self._deferred, None
-        if not self.in_flight or self.client is None:
-            self.in_flight.clear()
-            return first
-        failures = self.client.take_async_failures(True)
-        if failures:
-            failed_id, error = min(failures, key=lambda f: f[0])  # request ids grow in send order
-            if self.lineage is not None and failed_id in self._lineage_entry:
-                self.lineage.forget_runs_after(self._lineage_entry[failed_id])
-            poisoned = [kept for request_id, kept in self.in_flight.items() if request_id >= failed_id]
-            poisoned.append(sent_after)
-            for kept in poisoned:
-                for v in kept:
-                    v.error = error  # the handle stays: freed when the tensor dies
-            first = first or error
-        self.in_flight.clear()
-        self._lineage_entry.clear()
-        return first
+    @staticmethod
+    def _async_chunk_for(client) -> int:
+        return async_chunk_for(client.device, client.address)
 
     # ---- the pending graph --------------------------------------------------------------
 

@@ -243,240 +243,73 @@ def test_closed_client_raises(genie_node):
         c.ping()
 
 
-@pytest.mark.parametrize("shape,strides,offset,dtype", [
-    ((2, 3), None, 0, torch.float32),        # contiguous
-    ((2, 3), (1, 2), 1, torch.float16),      # transposed view with an offset
-    ([4, 0, 5], None, 0, torch.int64),       # empty, a list shape
-    ((), None, 0, torch.bool),               # 0-dim
+@pytest.mark.parametrize("shape,strides,dtype", [
+    ((2, 3), None, torch.float32),        # contiguous
+    ((2, 3), (1, 2), torch.float16),      # transposed
+    ([4, 0, 5], None, torch.int64),       # empty, a list shape
+    ((), None, torch.bool),               # 0-dim
 ])
-def test_make_wrapper_makes_a_privateuse1_tensor_without_python_dispatch(shape, strides, offset, dtype):
-    """The wrapper has the geometry asked for, the device's dispatch keys and no Python key, and
-    a storage of the bytes that geometry spans."""
+def test_a_lazy_tensor_is_a_privateuse1_tensor_without_python_dispatch(shape, strides, dtype):
+    """A LazyTensor has the geometry asked for, the device's dispatch keys and no Python key, and
+    a storage of the bytes that geometry spans, at a device address of its own."""
     from genie.lazy import LazyTensor
-    made = C.make_wrapper(LazyTensor, shape, strides, offset, dtype, 0)
-    assert type(made) is LazyTensor
+    dev = "remote_accelerator:0"
+    made = (torch.empty(shape, dtype=dtype, device=dev) if strides is None
+            else torch.empty_strided(shape, strides, dtype=dtype, device=dev))
+    assert type(made) is LazyTensor and C.is_lazy(made) and not C.is_lazy(torch.empty(2))
     keys = str(torch._C._dispatch_keys(made))
     assert "PrivateUse1" in keys and "AutogradPrivateUse1" in keys and "Python" not in keys, keys
     expected_strides = tuple(strides) if strides else torch.empty(tuple(shape)).stride()
-    assert made.shape == tuple(shape) and made.dtype == dtype and made.device == torch.device("remote_accelerator:0")
-    assert made.stride() == expected_strides and made.storage_offset() == offset
-    assert not made.requires_grad and made.is_leaf
+    assert made.shape == tuple(shape) and made.dtype == dtype and made.device == torch.device(dev)
+    assert made.stride() == expected_strides and not made.requires_grad and made.is_leaf
     span = sum((n - 1) * s for n, s in zip(shape, expected_strides)) + 1 if all(shape) else 0
-    assert made.untyped_storage().nbytes() == (offset + span) * made.element_size()
+    assert made.untyped_storage().nbytes() == span * made.element_size()
+    assert made.untyped_storage().data_ptr() >= 1 << 62  # never a host address
+    view = made.unsqueeze(0)
+    assert view.untyped_storage().data_ptr() == made.untyped_storage().data_ptr()  # a view shares it
 
 
-def test_make_wrapper_argument_errors():
-    from genie.lazy import LazyTensor
-    with pytest.raises(TypeError, match=r"shape\[1\] must be an int, got str"):
-        C.make_wrapper(LazyTensor, (2, "a"), None, 0, torch.float32, 0)
-    with pytest.raises(TypeError, match="cls must be a torch.Tensor subclass, got int"):
-        C.make_wrapper(int, (2,), None, 0, torch.float32, 0)
-    with pytest.raises(ValueError, match="2 sizes but 1 strides"):
-        C.make_wrapper(LazyTensor, (2, 3), (1,), 0, torch.float32, 0)
-    with pytest.raises(ValueError, match="a storage offset needs strides"):
-        C.make_wrapper(LazyTensor, (2, 3), None, 4, torch.float32, 0)
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        C.make_wrapper(LazyTensor, (2, 3), None, 0, "float32", 0)
-
-
-def _key_with_types(key):
-    """A shape-cache key with every element's type beside it: 1, 1.0 and True are equal."""
-    return [(type(k), _key_with_types(k) if type(k) is tuple else k) for k in key]
-
-
-def test_the_fast_recorder_prepares_calls_as_the_python_walk_does():
-    from genie import recorder
-    from genie.graph import Value
-    aten = torch.ops.aten
-    x = torch.randn(2, 3, device="remote_accelerator:0")
-    y = x.t()
-    covered = [
-        (aten.view.default, (x, [6])),
-        (aten.permute.default, (y, (1, 0))),
-        (aten.add.Tensor, (x, y.t())),
-        (aten.add.Tensor, (x, 1)), (aten.add.Tensor, (x, 1.0)), (aten.add.Tensor, (x, True)),
-        (aten.mul.Tensor, (x, float("nan"))),
-        (aten.sum.dim_IntList, (x, [], False)),
-        (aten.to.dtype, (x, torch.float16, False, False, None)),
-        (aten.gelu.default, (x, "tanh")),
-        (aten.cat.default, ([x, y.t(), x], 1)),  # a list of tensors
-        (aten.cat.default, ((x, x),)),
-        (aten.add.Tensor, (x, x), {"alpha": 2}),  # keyword arguments
-        (aten.sum.dim_IntList, (x, [1], True), {"dtype": torch.float64}),
-    ]
-    for func, args, *kwargs in covered:
-        kwargs = kwargs[0] if kwargs else {}
-        fast = C.prepare_fast(func, args, kwargs)
-        walk = recorder._prepare_walk(func, args, kwargs)
-        assert fast is not None, func
-        assert fast[0] is walk[0] and fast[2].keys() == walk[2].keys() == kwargs.keys()
-        fast_args, walk_args = [*fast[1], *fast[2].values()], [*walk[1], *walk[2].values()]
-        assert [type(a) for a in fast_args] == [type(a) for a in walk_args], func
-        for a, b in zip(fast_args, walk_args):
-            if type(a) in (list, tuple):
-                assert len(a) == len(b) and all(p is q for p, q in zip(a, b)), func
-            else:
-                assert a is b if type(a) is Value else (a == b or a != a and b != b)  # NaN
-        assert _key_with_types(fast[3]) == _key_with_types(walk[3]), func
-    # Not covered: the Python walk decides (and raises PyTorch's errors).
-    assert C.prepare_fast(aten.add.Tensor, (x, torch.ones(3)), {}) is None
-    assert C.prepare_fast(aten.mul.Tensor, (x, 2j), {}) is None  # complex: tagged by the walk
-    assert C.prepare_fast(aten.ones.default, ([2],), {}) is None  # no device tensor
-
-
-def test_the_fast_recorder_records_what_the_python_path_records():
-    # The same program twice: the first run plans each op (Python), the second records the
-    # plan hits in C++ (record_single). Same graphs, same values.
-    def program(x, w):
-        h = torch.addmm(x[0], x, w).relu()
-        return (h.view(-1)[1:5] * 2.0 + h.transpose(0, 1).reshape(-1)[:4]).sum()
-
-    torch.manual_seed(0)
-    x, w = torch.randn(3, 3), torch.randn(3, 3)
-    dx, dw = x.to("remote_accelerator:0"), w.to("remote_accelerator:0")
-    first, second = program(dx, dw), program(dx, dw)
-    assert first._cell.value.node.op is second._cell.value.node.op
-    torch.testing.assert_close(first.cpu(), program(x, w))
-    torch.testing.assert_close(second.cpu(), program(x, w))
-    hit = C.record_single(torch.ops.aten.relu.default, (dx,), {})
-    assert type(hit) is genie.LazyTensor and hit._cell.value.node.op is torch.ops.aten.relu.default
-    assert C.record_single(torch.ops.aten.relu.default, (dx, 1.0j), {}) is NotImplemented  # a kind it leaves to Python
-    # Node, Value and Storage are made in C++ without their __init__: every slot __init__ sets
-    # is set, to what __init__ would set.
-    from genie.graph import Node, Storage, Value
-    value = hit._cell.value
-    node = value.node
-    like_node = Node(node.op, node.args, node.kwargs, 1)
-    like_value = Value(node, 0, value.storage, value.dtype)
-
-    def slots(obj):
-        return {name: getattr(obj, name) for name in type(obj).__slots__ if name != "__weakref__"}
-
-    assert {k: v for k, v in slots(node).items() if k not in ("seq", "outputs")} == \
-        {k: v for k, v in slots(like_node).items() if k not in ("seq", "outputs")}
-    assert like_node.seq > node.seq and node.outputs == (value,)
-    assert {k: v for k, v in slots(value).items() if k != "tensors"} == \
-        {k: v for k, v in slots(like_value).items() if k != "tensors"}
-    assert value.tensors == 1 and value.storage.live == 1 and not value.storage.written
-    assert set(slots(value.storage)) == set(slots(Storage()))
-    torch.testing.assert_close(hit.cpu(), x.relu())
-
-
-# ---- the cut in C++ (python/csrc/cut_fast.cc) ---------------------------------------------------
-# A plain-Python reading of the rules genie._C.live_nodes and genie._C.lower implement (the
-# docstrings of genie.runtime.Runtime._live_nodes and genie.lower.lower), as the oracle.
-
-def _reference_live_nodes(pending, wanted):
-    from genie.graph import Value
-    needed, read, keep = {id(v) for v in wanted}, set(), []
-    for node in reversed(pending):
-        if (any(o.tensors > 0 or id(o) in needed for o in node.outputs)
-                or any(st.live > 0 or id(st) in read for st in node.writes)):
-            keep.append(node)
-            for a in node.inputs():
-                read.add(id(a.storage))
-                if a.node is not None:
-                    needed.add(id(a))
-    assert all(type(a) is Value for n in keep for a in n.inputs())
-    return keep[::-1]
-
-
-def _reference_lower(nodes, extra_inputs):
-    from genie.graph import Constant, Value
-    from genie.lower import FLOAT, INT, Ref
-    inputs, keys, numbers, input_ids, output_ids = [], [], [], {}, {}
-
-    def add_input(a):
-        if id(a) not in input_ids:
-            if type(a) is Constant:
-                inputs.append(("inline", a.tensor))
-                keys.append(("inline", a.tensor.dtype))
-            else:
-                if a.error is not None:
-                    raise a.error
-                if a.handle is None:
-                    raise RuntimeError(f"value {a!r} is neither pending nor resident (lost)")
-                inputs.append(("weight" if a.residency == 1 else "handle", a.handle))
-                keys.append(("weight", a.handle) if a.residency == 1 else ("handle", a.dtype))
-            input_ids[id(a)] = len(inputs) - 1
-        return Ref(False, input_ids[id(a)])
-
-    def enc(a, in_float_list=False):
-        if type(a) is Value:
-            return Ref(True, output_ids[id(a)]) if id(a) in output_ids else add_input(a)
-        if type(a) is Constant:
-            return add_input(a)
-        if type(a) in (int, float) and not in_float_list:
-            numbers.append(a)
-            return INT if type(a) is int else FLOAT
-        if type(a) in (list, tuple):
-            return tuple(enc(x, any(type(y) is float for y in a)) for x in a)
-        if type(a) is torch.device:
-            return torch.device(a.type)
-        return a
-
-    for v in extra_inputs:
-        add_input(v)
-    entries = []
-    for node in nodes:
-        args = tuple(enc(a) for a in node.args)
-        kwargs = tuple((k, enc(v)) for k, v in node.kwargs.items())
-        entries.append((id(node.op), args, kwargs, node.num_outputs))
-        for o in node.outputs:
-            output_ids[id(o)] = len(output_ids)
-    n = len(inputs)
-    value_ids = {**{k: i + n for k, i in output_ids.items()}, **input_ids}
-    return (tuple(keys), tuple(entries)), numbers, inputs, value_ids, n, [node.op for node in nodes]
-
-
-def test_the_cut_in_cpp_equals_a_python_reading_of_its_rules():
-    from genie.graph import Storage, Value
+def test_a_cut_runs_the_live_graph_with_weights_bound_and_constants_inline():
+    """The passes of a cut (python/csrc/frontend/cut.h) on a real graph: dead work left out, a
+    write through a view that died kept, weights bound into the graph, a 0-dim host tensor
+    inline, and a lost input raising its own error."""
     from genie.runtime import runtime_for
     dev = torch.device("remote_accelerator:0")
     genie.synchronize()
     runtime = runtime_for(dev)
+    rec = runtime.recording
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 3).to(dev)                    # weights: their handles are structure
-    resident = torch.randn(3).to(dev)                      # a resident activation
     genie.synchronize()
     x = torch.randn(2, 4, device=dev)
-    h = torch.nn.functional.layer_norm(lin(x) * torch.tensor(2.0), [3], eps=1e-3) + resident  # 0-dim constant
+    h = lin(x) * torch.tensor(2.0)                         # a 0-dim host constant
     dead = h.exp()
     seq = torch.zeros(2, 6, device=dev, dtype=torch.long)
     view = seq[:, :2]
     view.copy_(torch.ones(2, 2, dtype=torch.long, device=dev))  # a write through a view that dies
-    del view
-    up = torch.nn.functional.interpolate(h[None], scale_factor=[2.0], mode="linear")  # a float list
-    full = torch.full((2,), 0.5, device=dev)              # a device keyword argument
-    total = h.sum(dim=[0, 1], keepdim=True) + full.sum()  # an int list
-    del dead
-    runtime._drain_dead()
-    pending = list(runtime.pending)
-    for wanted in ([], [total._cell.value], [seq._cell.value, up._cell.value]):
-        fast, reference = C.live_nodes(pending, wanted), _reference_live_nodes(pending, wanted)
-        assert [id(n) for n in fast] == [id(n) for n in reference]
-    assert len(C.live_nodes(pending, [])) < len(pending)   # the dead exp() is left out
-    # Lowering takes any nodes: one more, made here, with a mixed float list (its int stays
-    # literal) and a keyword argument.
-    from genie.graph import Node
-    mixed = Node(torch.ops.aten.add.Tensor, (total._cell.value, [1.0, 2, 3.5]), {"alpha": 2}, 1)
-    mixed.outputs = (Value(mixed, 0, Storage(), torch.float32),)
-    pending.append(mixed)
-    extra = [resident._cell.value]
-    fast, reference = C.lower(pending, extra), _reference_lower(pending, extra)
-    assert fast[0] == reference[0] and fast[1] == reference[1]           # key, numbers
-    assert [(k, id(o)) for k, o in fast[2]] == [(k, id(o)) for k, o in reference[2]]  # inputs
-    assert fast[3] == reference[3] and fast[4] == reference[4]           # value ids, input count
-    assert [id(op) for op in fast[5]] == [id(op) for op in reference[5]]
-    assert any(k == "inline" for k, _ in fast[2]) and any(k == "weight" for k, _ in fast[2])
-    from genie.lower import INT
-    _, args, kwargs, num_outputs = fast[0][1][-1]
-    assert args[1] == (1.0, 2, 3.5) and kwargs == (("alpha", INT),) and num_outputs == 1 and fast[1][-1] == 2
-    # Lost inputs: the value's own error, or one naming the lost value.
-    lost = Value(None, 0, Storage(), torch.float32)
-    with pytest.raises(RuntimeError, match="neither pending nor resident"):
-        C.lower([], [lost])
-    lost.error = GenieRemoteError("aten::relu failed", op_index=3, op_name="aten::relu")
+    del view, dead
+    rec.drain_dead()
+    runtime.connection()
+    pending = len(rec.pending)
+    cut = rec.take_cut([h._value], [])
+    try:
+        names = [n.name for n in cut.nodes]
+        assert "aten::exp" not in names and "aten::copy_" in names, names
+        assert rec.pending_count == 0 and len(cut.nodes) < pending  # taken out; the dead exp left behind
+        assert sorted(cut.weights) == sorted([lin.weight._value.handle, lin.bias._value.handle])
+        rec.registered(cut, runtime.client.register_graph(cut.encode()))  # the node accepts the wire graph
+        graph_id, bindings, scalars, specs, frees = cut.request()
+        assert graph_id == cut.graph_id and len(graph_id) == 16
+        inline = [obj for _, obj in bindings if isinstance(obj, torch.Tensor)]
+        assert [t.tolist() for t in inline if t.dim() == 0] == [2.0]  # the constant travels inline
+        assert not {lin.weight._value.handle, lin.bias._value.handle} & {obj for _, obj in bindings if isinstance(obj, bytes)}
+        assert [v for v in cut.spec_values][0] == h._value and specs[0][1] == genie.graph.RETURN_AND_KEEP
+    finally:
+        rec.restore(cut)
+    assert rec.pending_count > 0
+    assert torch.equal(h.cpu(), (torch.nn.functional.linear(x.cpu(), lin.weight.cpu(), lin.bias.cpu()) * 2))
+    # A lost input raises its own error at the cut, and what was pending is lost with it.
+    y = h + 1
+    h._value.error = GenieRemoteError("aten::relu failed", op_index=3, op_name="aten::relu")
     with pytest.raises(GenieRemoteError, match="aten::relu failed"):
-        C.lower([], [lost])
-    assert total.cpu().shape == (1, 1)
+        y.cpu()

@@ -378,15 +378,20 @@ def test_shallow_copies_made_by_autograd_keep_the_value():
 
 
 def test_four_threads_record_at_once():
-    # Threads record into one pending graph, serialized op by op; each gets its own results.
+    # Threads record into one pending graph, serialized op by op by the process lock (C++, taken
+    # without the GIL), while they also read values and upload (Python, with the GIL, taking the
+    # same lock): each gets its own results, and none deadlocks.
     import threading
     results, errors = {}, []
 
     def work(i):
         try:
             x = torch.full((16, 16), float(i), device=DEV)
-            for _ in range(50):
+            for step in range(50):
                 x = (x * 1.0 + 1).relu()
+                if step % 10 == 9:
+                    assert x[0, 0].item() == i + step + 1  # a read: the Python path, in the middle
+                    x = x + torch.zeros(16, 16).to(DEV)   # an upload
             results[i] = x.cpu()
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)

@@ -20,6 +20,8 @@ namespace {
 
 std::atomic<int64_t> g_cpp{0};
 std::atomic<int64_t> g_python{0};
+std::atomic<int64_t> g_rule{0};
+std::atomic<int64_t> g_meta{0};
 
 [[noreturn]] void deviceError(const c10::Device& a, const c10::Device& b) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ",
@@ -380,6 +382,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
     const std::vector<c10::IValue> args(first, first + n);
     try {
       auto rule = ruleShapes(op, *facts, args);
+      (rule ? g_rule : g_meta).fetch_add(1, std::memory_order_relaxed);
       inferred = rule ? std::move(*rule) : metaShapes(op, *facts, args);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)
@@ -393,7 +396,8 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
 }
 
 RecorderCounters recorderCounters() {
-  return {g_cpp.load(std::memory_order_relaxed), g_python.load(std::memory_order_relaxed)};
+  return {g_cpp.load(std::memory_order_relaxed), g_python.load(std::memory_order_relaxed),
+          g_rule.load(std::memory_order_relaxed), g_meta.load(std::memory_order_relaxed)};
 }
 
 void countPython() { g_python.fetch_add(1, std::memory_order_relaxed); }

@@ -67,10 +67,13 @@ struct Recorded {
 /// `stack`. Throws PyTorch's errors for invalid calls (devices, shapes: the meta kernel's own).
 Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const CallOptions& options);
 
-/// Ops recorded in C++ and handed to Python since the process started (genie.client_stats).
+/// Ops recorded in C++ and handed to Python since the process started (genie.client_stats), and
+/// how the plan-cache misses were answered: by a shape rule or by the meta kernel.
 struct RecorderCounters {
   int64_t cpp = 0;
   int64_t python = 0;
+  int64_t rule = 0;
+  int64_t meta = 0;
 };
 RecorderCounters recorderCounters();
 void countPython();

@@ -223,7 +223,7 @@ bool mentionsMeta(const std::string& text) {
 }
 
 std::string context(const c10::OperatorHandle& op) {
-  return "(genie: " + opNameOf(op) + " on remote_accelerator, checked on the client by its meta kernel)";
+  return "genie: " + opNameOf(op) + " on remote_accelerator, checked on the client by its meta kernel";
 }
 
 /// The Python error set now (a Python meta kernel's): NeedsNode when it says that only the node
@@ -250,7 +250,7 @@ std::string context(const c10::OperatorHandle& op) {
     throw NeedsNode(text);
   }
   // Eager's exception, its message followed by where Genie met it.
-  PyObject* again = PyObject_CallFunction(type, "s", (text + "\n" + context(op)).c_str());
+  PyObject* again = PyObject_CallFunction(type, "s", (text + " (" + context(op) + ")").c_str());
   if (again != nullptr && PyExceptionInstance_Check(again)) {
     PyErr_SetObject(type, again);
     Py_DECREF(again);

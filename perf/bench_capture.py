@@ -1,141 +1,206 @@
 #!/usr/bin/env python3
-"""Capture overhead: microseconds per recorded op, LazyTensor vs a do-nothing dispatch subclass.
+"""Capture against eager, op for op, on the ops of a GPT-2 decode step; and Genie's client time per step.
 
-For each op in a fixed set (elementwise, matmul, views, reductions, normalization, attention),
-the same call is timed on
-  - `LazyTensor` (genie): interception, shape inference (cached after the first call), recording;
-  - `NopTensor`: a wrapper subclass whose `__torch_dispatch__` only makes an output wrapper of
-    the right shape: the cost of reaching Python dispatch at all, which every subclass pays.
-The figure of merit is the median over ops of (LazyTensor - NopTensor) µs per op (target
-<= 10 µs, issue 4). Capture only: the pending graph is dropped between batches, nothing runs
-on the node (the embedded node is started for the uploads of the inputs only).
+Part 1, per op. One decode-step forward of GPT-2 124M (random weights, a KV cache of the prompt)
+runs on the CPU under a dispatch mode that notes every aten call (op, arguments). Then each
+noted call is timed twice in one process, alternated in batches: eager (the call on the CPU
+tensors) and captured (the same call on LazyTensors of the same shapes: recorded by Genie, not
+run; the pending graph is dropped between batches). Both sides call the OpOverload from Python
+under no_grad, so both pay the same Python and dispatcher entry; the figure is the median over
+the step's ops of captured / eager µs per call (target <= 1.5x).
 
-    .venv/bin/python perf/bench_capture.py [--repeat 2000] [--json out.json]
+Part 2, per step. `generate` runs on remote_accelerator:0 with the recorder's kernel timed
+(`genie._C.set_recorder_timing`): Genie's own client time per decode step = the time spent in
+the PrivateUse1 kernel (recording; and the Python path of reads and uploads, which prepares and
+finishes each request: the cut's passes, commit), minus the time spent waiting for the node's
+replies; the model's own Python is not counted (target <= 3 ms).
+
+    .venv/bin/python perf/bench_capture.py [--repeat 200] [--tokens 16] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
-import os
-import platform
 import statistics
+import subprocess
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 import genie
+from genie import _C
+from genie.demo.measure import machine
+from genie.runtime import Runtime, runtime_for
 
 DEV = "remote_accelerator:0"
 
 
-class NopTensor(torch.Tensor):
-    """Does nothing but return fresh wrappers shaped like the op's outputs on CPU (looked up in
-    `OUTPUTS`): what any dispatch subclass pays (reaching Python, making output tensors)."""
+class _NoteCalls(TorchDispatchMode):
+    """Notes every aten call (func, args, kwargs) and runs it."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @staticmethod
-    def __new__(cls, like: torch.Tensor):
-        return torch.Tensor._make_wrapper_subclass(cls, like.shape, strides=like.stride(), dtype=like.dtype)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = OUTPUTS[func]
-        if isinstance(out, torch.Tensor):
-            return NopTensor(out)
-        return tree_map(lambda t: NopTensor(t) if isinstance(t, torch.Tensor) else t, out)
-
-
-OUTPUTS: dict = {}
-
-
-class _RecordOutputs(TorchDispatchMode):
-    """Notes each op's CPU outputs, for NopTensor to imitate."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        OUTPUTS[func] = out
-        return out
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
 
 
-def cases():
-    """(name, fn(a, b, c) -> output, input shapes)."""
-    return [
-        ("add", lambda a, b, c: a + b, [(64, 64), (64, 64)]),
-        ("mul_scalar", lambda a, b, c: a * 0.5, [(64, 64)]),
-        ("mm", lambda a, b, c: a @ b, [(64, 64), (64, 64)]),
-        ("view", lambda a, b, c: a.view(32, 128), [(64, 64)]),
-        ("transpose", lambda a, b, c: a.transpose(0, 1), [(64, 64)]),
-        ("relu", lambda a, b, c: torch.relu(a), [(64, 64)]),
-        ("sum_dim", lambda a, b, c: a.sum(-1), [(64, 64)]),
-        ("softmax", lambda a, b, c: torch.softmax(a, -1), [(64, 64)]),
-        ("cat", lambda a, b, c: torch.cat([a, b], 0), [(64, 64), (64, 64)]),
-        ("addmm", lambda a, b, c: torch.addmm(c, a, b), [(64, 64), (64, 64), (64,)]),
-        ("layer_norm", lambda a, b, c: F.layer_norm(a, (64,)), [(64, 64)]),
-        ("sdpa", lambda a, b, c: F.scaled_dot_product_attention(a, b, c),
-         [(1, 4, 16, 32), (1, 4, 16, 32), (1, 4, 16, 32)]),
-    ]
+def decode_step_calls(model, prompt):
+    """The aten calls of one decode-step forward (after a prefill), with their CPU arguments."""
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        mode = _NoteCalls()
+        with mode:
+            model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+    return mode.calls
 
 
-def time_per_call(fn, args, repeat: int, after_batch=None) -> float:
-    """Median over 5 batches of µs per call."""
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn(*args)
-        samples.append((time.perf_counter() - start) / repeat * 1e6)
-        if after_batch:
-            after_batch()
-    return statistics.median(samples)
+def to_lazy(calls):
+    """The calls with every CPU tensor argument uploaded once (0-dim CPU tensors stay: constants),
+    and device arguments pointing at the remote device."""
+    uploaded = {}
+
+    def convert(a):
+        if isinstance(a, torch.Tensor):
+            if a.dim() == 0 and not a.requires_grad:
+                return a
+            if id(a) not in uploaded:
+                uploaded[id(a)] = a.detach().clone().to(DEV)
+            return uploaded[id(a)]
+        if isinstance(a, torch.device):
+            return torch.device(DEV)
+        return a
+
+    return [(f, tree_map(convert, args), tree_map(convert, kwargs)) for f, args, kwargs in calls]
+
+
+def time_call(func, args, kwargs, repeat: int) -> float:
+    """µs per call over `repeat` calls."""
+    start = time.perf_counter()
+    for _ in range(repeat):
+        func(*args, **kwargs)
+    return (time.perf_counter() - start) / repeat * 1e6
+
+
+def per_op(calls, lazy_calls, repeat: int, rounds: int, recording) -> list[dict]:
+    rows = []
+    with torch.no_grad():
+        for (func, args, kwargs), (_, largs, lkwargs) in zip(calls, lazy_calls):
+            func(*largs, **lkwargs)  # plans the shapes (the cache a repeated step hits)
+            eager, captured = [], []
+            for _ in range(rounds):
+                eager.append(time_call(func, args, kwargs, repeat))
+                captured.append(time_call(func, largs, lkwargs, repeat))
+                recording.discard_pending()  # capture only: nothing runs on the node
+                recording.drain_dead()
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            rows.append({"op": str(func), "shapes": shapes, "eager_us": statistics.median(eager),
+                         "capture_us": statistics.median(captured)})
+            rows[-1]["ratio"] = rows[-1]["capture_us"] / rows[-1]["eager_us"]
+    return rows
+
+
+def client_time_per_step(model, prompt, tokens: int) -> dict:
+    """Genie's own client time per decode step of `generate` on the device (see the docstring)."""
+    from genie.demo.models import StepRecorder, gpt2_generate
+    spent = {"request_prep_ns": 0}  # in _execute, the wait excluded (part of the kernel's time)
+    execute, request = Runtime._execute, Runtime._request
+    waiting = [0]
+
+    def timed_request(self, method, *args, **kwargs):
+        start = time.perf_counter_ns()
+        try:
+            return request(self, method, *args, **kwargs)
+        finally:
+            waiting[0] += time.perf_counter_ns() - start
+
+    def timed_execute(self, returned, described):
+        start, waited = time.perf_counter_ns(), waiting[0]
+        try:
+            return execute(self, returned, described)
+        finally:
+            spent["request_prep_ns"] += (time.perf_counter_ns() - start) - (waiting[0] - waited)
+
+    device_model = model.to(DEV)
+    gpt2_generate(device_model, prompt, DEV, 4)  # warm-up: plans and graphs
+    recorder = StepRecorder()
+    Runtime._execute, Runtime._request = timed_execute, timed_request
+    _C.set_recorder_timing(True)
+    before, ops_before, waited_before = _C.recorder_counters(), genie.client_stats(), waiting[0]
+    try:
+        gpt2_generate(device_model, prompt, DEV, tokens, recorder)
+        after, ops_after, waited = _C.recorder_counters(), genie.client_stats(), waiting[0] - waited_before
+    finally:
+        _C.set_recorder_timing(False)
+        Runtime._execute, Runtime._request = execute, request
+    steps = tokens  # the prefill counts as one step too: per step over all of them
+    kernel_ms = (after["kernel_ns"] - before["kernel_ns"] - waited) / steps / 1e6
+    prep_ms = spent["request_prep_ns"] / steps / 1e6
+    ops = (ops_after["ops_recorded_cpp"] + ops_after["ops_handled_python"]
+           - ops_before["ops_recorded_cpp"] - ops_before["ops_handled_python"]) / steps
+    return {"tokens": tokens, "client_ms_per_step": kernel_ms, "request_prep_ms_per_step": prep_ms,
+            "wait_ms_per_step": waited / steps / 1e6, "ops_per_step": ops,
+            "step_ms_median": statistics.median(recorder.step_seconds()) * 1e3}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=2000, help="calls per batch")
+    parser.add_argument("--repeat", type=int, default=200, help="calls per timed batch (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternated (eager, captured) batches per op")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens generated for part 2 (default %(default)s)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
 
-    runtime = genie.runtime.runtime_for(torch.device(DEV))
-    runtime.max_pending = 10 ** 9  # capture only: the batch is dropped below, never run
+    from genie.demo.models import load_gpt2
+    workload = load_gpt2()
+    model, prompt = workload.model, workload.prompt
+    recording = runtime_for(torch.device(DEV)).recording
 
-    def drop_pending():
-        runtime.pending.clear()
-
-    rows = []
-    for name, fn, shapes in cases():
-        cpu = [torch.randn(s) for s in shapes] + [None] * (3 - len(shapes))
-        lazy = [t.to(DEV) if t is not None else None for t in cpu]
-        with _RecordOutputs():
-            fn(*cpu)
-        nop = [NopTensor(t) if t is not None else None for t in cpu]
-        with torch.no_grad():
-            fn(*lazy)  # warm the shape cache
-            lazy_us = time_per_call(fn, lazy, args.repeat, drop_pending)
-            nop_us = time_per_call(fn, nop, args.repeat)
-        rows.append({"op": name, "lazy_us": lazy_us, "nop_us": nop_us, "overhead_us": lazy_us - nop_us})
-        drop_pending()
-
-    overheads = [r["overhead_us"] for r in rows]
-    result = {
-        "benchmark": "capture overhead per recorded op (LazyTensor - do-nothing dispatch subclass)",
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}",
-        "command": "perf/bench_capture.py --repeat %d" % args.repeat,
-        "ops": rows,
-        "median_overhead_us": statistics.median(overheads),
-        "target_us": 10.0,
-    }
-    print(f"{'op':<12} {'LazyTensor µs':>14} {'do-nothing µs':>14} {'overhead µs':>12}")
+    calls = decode_step_calls(model, prompt)
+    rows = per_op(calls, to_lazy(calls), args.repeat, args.rounds, recording)
+    ratios = [r["ratio"] for r in rows]
+    by_op = collections.defaultdict(list)
     for r in rows:
-        print(f"{r['op']:<12} {r['lazy_us']:>14.2f} {r['nop_us']:>14.2f} {r['overhead_us']:>12.2f}")
-    print(f"median overhead: {result['median_overhead_us']:.2f} µs per op (target <= 10 µs)")
-    print(result["machine"])
+        by_op[r["op"]].append(r["ratio"])
+    step = client_time_per_step(model, prompt, args.tokens)
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    result = {
+        "benchmark": "capture vs eager per op (the ops of a GPT-2 124M decode step) and Genie's client time per step",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "machine": machine(),
+        "command": f"perf/bench_capture.py --repeat {args.repeat} --rounds {args.rounds} --tokens {args.tokens}",
+        "ops_in_step": len(rows),
+        "median_ratio": statistics.median(ratios),
+        "median_eager_us": statistics.median(r["eager_us"] for r in rows),
+        "median_capture_us": statistics.median(r["capture_us"] for r in rows),
+        "ratio_target": 1.5,
+        "per_op_kind": {op: {"calls": len(v), "median_ratio": statistics.median(v)} for op, v in sorted(by_op.items())},
+        "step": step,
+        "client_ms_target": 3.0,
+        "ops": rows,
+    }
+    print(f"{'op':<44} {'calls':>5} {'captured/eager':>15}")
+    for op, v in sorted(by_op.items(), key=lambda kv: -len(kv[1])):
+        print(f"{op:<44} {len(v):>5} {statistics.median(v):>14.2f}x")
+    print(f"ops in the decode step: {len(rows)}; median captured/eager: {result['median_ratio']:.2f}x "
+          f"(eager {result['median_eager_us']:.2f} µs, captured {result['median_capture_us']:.2f} µs; target <= 1.5x)")
+    print(f"client time per decode step: {step['client_ms_per_step']:.2f} ms (of it preparing and finishing "
+          f"requests {step['request_prep_ms_per_step']:.2f} ms; {step['ops_per_step']:.0f} ops; waiting for the node "
+          f"{step['wait_ms_per_step']:.1f} ms; step {step['step_ms_median']:.1f} ms; target <= 3 ms)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

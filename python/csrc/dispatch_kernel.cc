@@ -31,6 +31,8 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -227,8 +229,33 @@ bool mayUploadInline(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   return !parameter;
 }
 
+/// Time spent in the kernel (outermost calls), when timing is on (perf/bench_capture.py).
+std::atomic<bool> g_timing{false};
+std::atomic<int64_t> g_kernel_ns{0};
+thread_local int t_depth = 0;
+
+void recordBoxedUntimed(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 /// The boxed kernel: records `op` with the arguments on `stack`, leaves its results there.
 void recordBoxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!g_timing.load(std::memory_order_relaxed) || t_depth > 0) {
+    recordBoxedUntimed(op, stack);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ++t_depth;
+  try {
+    recordBoxedUntimed(op, stack);
+  } catch (...) {
+    --t_depth;
+    throw;
+  }
+  --t_depth;
+  g_kernel_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+                        std::memory_order_relaxed);
+}
+
+void recordBoxedUntimed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   frontend::CallOptions options;
   options.inline_upload = mayUploadInline(op, *stack);
   Recorded recorded = frontend::record(op, *stack, options);
@@ -372,6 +399,9 @@ void bindDispatchKernel(py::module_& m) {
         "taken by design (its values are part of the plan's key). NotImplemented when the C++ recorder cannot "
         "record it: an argument's value is lost (genie.recorder raises its error) or only the node can describe "
         "the outputs. Raises PyTorch's errors for invalid calls.");
+  m.def("set_recorder_timing", [](bool on) { g_timing.store(on); },
+        "set_recorder_timing(on): whether the PrivateUse1 kernel adds its time (outermost calls, the Python "
+        "path included) to recorder_counters()['kernel_ns']. Off by default (two clock reads per op).");
   m.def("recorder_counters", [] {
     const auto c = frontend::recorderCounters();
     py::dict d;
@@ -379,6 +409,7 @@ void bindDispatchKernel(py::module_& m) {
     d["python"] = c.python;
     d["rule"] = c.rule;
     d["meta"] = c.meta;
+    d["kernel_ns"] = g_kernel_ns.load();
     return d;
   }, "recorder_counters() -> {'cpp', 'python', 'rule', 'meta': int}: ops recorded by the C++ recorder and handed "
      "to genie.recorder since the process started; plan-cache misses answered by a shape rule and by the meta "

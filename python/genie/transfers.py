@@ -25,15 +25,27 @@ def to_copy(func, args, kwargs):
         if _C.is_lazy(src) and src.device.index == (target.index if target.index is not None else _C.current_device()):
             return record_op(func, args, kwargs)
         cpu = src.cpu() if _C.is_lazy(src) else src
-        rest = {k: v for k, v in kwargs.items() if k != "device"}
-        cpu = aten._to_copy.default(cpu, **rest) if rest else cpu
-        return runtime_for(target).upload_tensor(cpu, residency_of(src))
+        converted = _host_conversion(cpu, kwargs)
+        # Keyed by the source's host bytes when nothing was converted (tied weights upload once).
+        return runtime_for(target).upload_tensor(converted, residency_of(src), source=cpu if converted is cpu else None)
     # To the host (or another local device): fetch, then let PyTorch convert.
     fetched = runtime_of(src).fetch(src)
     rest = {k: v for k, v in kwargs.items() if k not in ("non_blocking",)}
     if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
         return fetched
     return aten._to_copy.default(fetched, **rest)
+
+
+def _host_conversion(cpu: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """`cpu` converted on the host as a `_to_copy` to the device asks (dtype, memory format);
+    `cpu` itself when nothing changes."""
+    dtype = kwargs.get("dtype")
+    memory_format = kwargs.get("memory_format")
+    if dtype is not None and dtype != cpu.dtype:
+        cpu = cpu.to(dtype)
+    if memory_format is not None and memory_format != torch.preserve_format:
+        cpu = cpu.contiguous(memory_format=memory_format)
+    return cpu
 
 
 def residency_of(t: torch.Tensor) -> int:

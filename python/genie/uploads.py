@@ -57,9 +57,11 @@ class Uploads:
         value.add_tensor()
         self.recording.note_dead(value)
 
-    def upload_tensor(self, cpu: torch.Tensor, residency: int):
+    def upload_tensor(self, cpu: torch.Tensor, residency: int, source: torch.Tensor | None = None):
         """A new LazyTensor holding a copy of host tensor `cpu` (contiguous): put on the node now,
-        or, for an activation up to `inline_max_bytes`, travelling inline with the next run."""
+        or, for an activation up to `inline_max_bytes`, travelling inline with the next run.
+        `source`: the program's tensor whose bytes `cpu` holds (a weight uploaded before from the
+        same bytes is not uploaded again), or None."""
         data = cpu if cpu.storage_offset() == 0 and cpu.is_contiguous() else cpu.contiguous()
         if residency != WEIGHT and data.numel() * data.element_size() <= self.inline_max_bytes:
             source = data.detach().clone()  # a snapshot, as .to() makes
@@ -67,7 +69,7 @@ class Uploads:
             if _C.keeps_host_copy(source.dtype, source.numel() * source.element_size()):
                 value.host = source
         else:
-            value = self.upload(data, residency)
+            value = self._upload_weight_once(source if source is not None else data, data, residency, None)
         return _C.make_lazy(value, self.recording, list(data.shape), list(data.stride()), 0)
 
     def copy_from_host(self, dst, src: torch.Tensor, residency: int) -> None:

@@ -153,12 +153,10 @@ std::pair<py::tuple, py::dict> pythonArguments(const c10::FunctionSchema& schema
   const auto& arguments = schema.arguments();
   const size_t n = arguments.size();
   auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
-  const std::vector<c10::IValue> values(first, stack->end());
-  const std::vector<bool> shown = frontend::shownArgs(schema, values);
-  size_t positional = 0;
-  while (positional < n && !arguments[positional].kwarg_only()) ++positional;
-  size_t shown_positional = positional;
-  while (shown_positional > 0 && !shown[shown_positional - 1]) --shown_positional;
+  const c10::ArrayRef<c10::IValue> values(&*first, n);
+  const frontend::ShownArgs shown(schema, values);
+  const size_t positional = shown.positional();
+  const size_t shown_positional = shown.shownPositional();
   py::tuple args(shown_positional);
   py::dict kwargs;
   for (size_t i = 0; i < shown_positional; ++i) {
@@ -205,12 +203,6 @@ void afterRecording(const Recorded& recorded, bool wants_run) {
     py::object r = py::reinterpret_steal<py::object>(index ? PyObject_CallOneArg(g_entry.run_pending, index.ptr()) : nullptr);
     if (!r) throwPythonError();
   }
-}
-
-bool wantsRun(const Recorded& recorded) {
-  if (recorded.recording == nullptr) return false;
-  frontend::LockGuard lock;
-  return recorded.recording->wantsRun();
 }
 
 /// Whether `op` with these arguments is aten::_to_copy of a host tensor that is not an
@@ -261,7 +253,7 @@ void recordBoxedUntimed(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   Recorded recorded = frontend::record(op, *stack, options);
   switch (recorded.outcome) {
     case Outcome::kRecorded:
-      afterRecording(recorded, wantsRun(recorded));
+      afterRecording(recorded, recorded.wants_run);
       return;
     case Outcome::kComposite:
       op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
@@ -353,11 +345,7 @@ py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vecto
   } else if (recorded.outcome != Outcome::kRecorded) {
     return py::reinterpret_borrow<py::object>(Py_NotImplemented);
   }
-  bool wants = false;
-  {
-    py::gil_scoped_release no_gil;
-    wants = wantsRun(recorded);
-  }
+  const bool wants = recorded.wants_run;
   for (const at::Tensor& t : recorded.fresh) {
     PyObject* obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject*>(g_entry.lazy_tensor));
     if (obj == nullptr) throw py::error_already_set();
@@ -379,6 +367,7 @@ void bindDispatchKernel(py::module_& m) {
         g_entry.lazy_tensor = lazy_tensor.release().ptr();
         g_entry.dispatch = dispatch.release().ptr();
         g_entry.run_pending = run_pending.release().ptr();
+        frontend::LockGuard lock;
         frontend::setPythonOps(python_ops);
       },
       py::arg("lazy_tensor"), py::arg("dispatch"), py::arg("run_pending"), py::arg("python_ops"),

@@ -71,15 +71,13 @@ py::object argObject(const c10::IValue& v, frontend::ArgKind kind) {
 
 /// (args, kwargs) of a node, as Python dispatch would show them.
 std::pair<py::tuple, py::dict> nodeArguments(const Node& node) {
-  const auto& facts = frontend::opFacts(node.op);
+  const auto& facts = node.facts;
   const auto& arguments = node.schema().arguments();
-  const std::vector<bool> shown = frontend::shownArgs(node.schema(), node.args);
+  const frontend::ShownArgs shown(node.schema(), node.args);
   py::list args;
   py::dict kwargs;
-  size_t positional = 0;
-  while (positional < arguments.size() && !arguments[positional].kwarg_only()) ++positional;
-  size_t shown_positional = positional;
-  while (shown_positional > 0 && !shown[shown_positional - 1]) --shown_positional;
+  const size_t positional = shown.positional();
+  const size_t shown_positional = shown.shownPositional();
   for (size_t i = 0; i < node.args.size(); ++i) {
     const auto kind = i < facts.args.size() ? facts.args[i] : frontend::ArgKind::kOther;
     if (i < shown_positional) {
@@ -154,7 +152,12 @@ NodePtr appendNode(Recording& rec, py::handle func, py::sequence args, py::dict 
     StoragePtr storage = storages && i < storages->size() ? (*storages)[i] : c10::make_intrusive<Storage>();
     specs.push_back({std::move(storage), reinterpret_cast<THPDtype*>(dtypes[i].ptr())->scalar_type});
   }
-  NodePtr node = Node::make(op, std::move(values), specs, std::move(writes));
+  const frontend::OpFacts* facts;
+  {
+    frontend::LockGuard lock;
+    facts = &frontend::opFacts(op);
+  }
+  NodePtr node = Node::make(op, *facts, std::move(values), specs, std::move(writes));
   rec.append(node);
   return node;
 }

@@ -40,27 +40,29 @@ wire::Handle newHandle() {
 // ---- 1. liveness ----------------------------------------------------------------------------
 
 std::vector<NodePtr> liveNodes(const std::vector<NodePtr>& pending, const std::vector<Value*>& wanted) {
-  std::unordered_set<const Value*> needed(wanted.begin(), wanted.end());
-  std::unordered_set<const Storage*> read;
+  // `needed` and `read` are marks of this pass's epoch on the values and storages.
+  const uint32_t epoch = nextEpoch();
+  for (Value* v : wanted) v->needed_epoch = epoch;
   std::vector<NodePtr> keep;
+  keep.reserve(pending.size());
   for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
     const Node& node = **it;
     bool need = false;
     for (const ValuePtr& v : node.outputs) {
-      if (needed.count(v.get()) != 0 || v->tensors.load(std::memory_order_relaxed) > 0) {
+      if (v->needed_epoch == epoch || v->tensors.load(std::memory_order_relaxed) > 0) {
         need = true;
         break;
       }
     }
     for (size_t i = 0; !need && i < node.writes.size(); ++i) {
       const Storage* s = node.writes[i].get();
-      need = read.count(s) != 0 || s->live.load(std::memory_order_relaxed) > 0;
+      need = s->read_epoch == epoch || s->live.load(std::memory_order_relaxed) > 0;
     }
     if (!need) continue;
     keep.push_back(*it);
-    for (const Value* v : node.inputs()) {
-      read.insert(v->storage.get());  // a read keeps the writes of its storage before it
-      if (v->pending()) needed.insert(v);
+    for (Value* v : node.inputs()) {
+      v->storage->read_epoch = epoch;  // a read keeps the writes of its storage before it
+      if (v->pending()) v->needed_epoch = epoch;
     }
   }
   std::reverse(keep.begin(), keep.end());
@@ -71,12 +73,12 @@ std::vector<NodePtr> liveNodes(const std::vector<NodePtr>& pending, const std::v
 
 void annotateKvCache(const std::vector<NodePtr>& nodes) {
   for (const NodePtr& node : nodes) {
-    if (opFacts(node->op).cache_role != OpFacts::CacheRole::kAttention || node->args.size() < 3) continue;
+    if (node->facts.cache_role != OpFacts::CacheRole::kAttention || node->args.size() < 3) continue;
     for (size_t a = 1; a <= 2; ++a) {  // key, value
       Value* v = valueOf(node->args[a]);
       for (int hop = 0; hop < 8 && v != nullptr && v->producer != nullptr; ++hop) {
         const Node& producer = *v->producer;
-        if (opFacts(producer.op).cache_role == OpFacts::CacheRole::kWriter) {
+        if (producer.facts.cache_role == OpFacts::CacheRole::kWriter) {
           v->residency = kKvCache;
           break;
         }
@@ -104,22 +106,23 @@ int64_t bitsOf(double d) {
   return bits;
 }
 
-/// One list element of a tensor list: a device value, a host tensor or None.
-struct TensorItem {
-  Value* value = nullptr;
-  const at::Tensor* tensor = nullptr;
-};
+int64_t intOf(const c10::IValue& x) { return x.isInt() ? x.toInt() : x.toSymInt().expect_int(); }
 
 /// Classifies one argument and hands its parts to `visitor` (lower and encodeGraph use the same
-/// walk, so numbers and inputs come in the same order). Throws c10::Error for an argument with
-/// no wire form, naming the op.
+/// walk, so numbers and inputs come in the same order):
+///   value(Value*) / inlineTensor(tensor) / noTensor() for tensors, between beginTensorList(n,
+///   any_none) and endTensorList() for tensor lists; none(); boolean(b); number(Number) for a
+///   liftable int or float; enumValue(tag, v) for dtypes, layouts, memory formats;
+///   complex(c); string(s); device(type); intList(list: every element liftable);
+///   doubleList(list) and boolList(list) (literal).
+/// Throws c10::Error for an argument with no wire form, naming the op.
 template <typename Visitor>
 void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& node) {
   if (v.isCapsule()) {
-    visitor.tensors({TensorItem{valueOf(v), nullptr}}, /*list=*/false);
+    visitor.value(valueOf(v));
   } else if (v.isTensor()) {
     if (v.toTensor().defined()) {
-      visitor.tensors({TensorItem{nullptr, &v.toTensor()}}, false);
+      visitor.inlineTensor(v.toTensor());
     } else {
       visitor.none();
     }
@@ -128,7 +131,7 @@ void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& n
   } else if (v.isBool()) {
     visitor.boolean(v.toBool());
   } else if (v.isInt() || v.isSymInt()) {
-    const int64_t i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+    const int64_t i = intOf(v);
     switch (kind) {
       case ArgKind::kScalarType: visitor.enumValue(kDType, i); break;
       case ArgKind::kLayout: visitor.enumValue(kLayout, i); break;
@@ -143,16 +146,6 @@ void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& n
     visitor.string(v.toStringRef());
   } else if (v.isDevice()) {
     visitor.device(v.toDevice().type());
-  } else if (v.isIntList()) {
-    std::vector<Number> numbers;
-    for (int64_t x : v.toIntList()) numbers.push_back(Number{false, x, 0.0});
-    visitor.intList(numbers);
-  } else if (v.isDoubleList()) {
-    const auto list = v.toDoubleList();
-    visitor.doubleList(std::vector<double>(list.begin(), list.end()));
-  } else if (v.isBoolList()) {
-    const auto list = v.toBoolList();
-    visitor.boolList(std::vector<bool>(list.begin(), list.end()));
   } else if (v.isList()) {
     const auto list = v.toListRef();
     size_t tensors = 0, nones = 0, doubles = 0, ints = 0, bools = 0;
@@ -171,29 +164,23 @@ void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& n
     }
     const size_t n = list.size();
     if (n > 0 && tensors + nones == n && tensors > 0) {
-      std::vector<TensorItem> items;
+      visitor.beginTensorList(n, nones > 0);
       for (const c10::IValue& x : list) {
         if (x.isCapsule()) {
-          items.push_back({valueOf(x), nullptr});
+          visitor.value(valueOf(x));
         } else if (x.isTensor() && x.toTensor().defined()) {
-          items.push_back({nullptr, &x.toTensor()});
+          visitor.inlineTensor(x.toTensor());
         } else {
-          items.push_back({});
+          visitor.noTensor();
         }
       }
-      visitor.tensors(items, true);
+      visitor.endTensorList();
     } else if (bools == n && n > 0) {
-      std::vector<bool> values;
-      for (const c10::IValue& x : list) values.push_back(x.toBool());
-      visitor.boolList(values);
+      visitor.boolList(list);
     } else if (ints + doubles == n && doubles > 0) {
-      std::vector<double> values;
-      for (const c10::IValue& x : list) values.push_back(x.isDouble() ? x.toDouble() : static_cast<double>(x.toInt()));
-      visitor.doubleList(values);
+      visitor.doubleList(list);
     } else if (ints == n) {
-      std::vector<Number> numbers;
-      for (const c10::IValue& x : list) numbers.push_back(Number{false, x.isInt() ? x.toInt() : x.toSymInt().expect_int(), 0.0});
-      visitor.intList(numbers);
+      visitor.intList(list);
     } else {
       TORCH_CHECK(false, node.opName(), ": a list argument of mixed kinds has no wire form: ", v);
     }
@@ -202,17 +189,24 @@ void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& n
   }
 }
 
-/// Builds the Lowered of a cut (step 3).
+double doubleOf(const c10::IValue& x) { return x.isDouble() ? x.toDouble() : static_cast<double>(intOf(x)); }
+
+/// Builds the Lowered of a cut (step 3). Values are numbered through their scratch fields
+/// (Value::lower_epoch, lower_id) under this lowering's epoch.
 class Lowering {
  public:
-  explicit Lowering(Lowered& out) : out_(out) {}
+  explicit Lowering(Lowered& out) : out_(out), epoch_(nextEpoch()) {
+    out_.epoch = epoch_;
+    key_.reserve(4096);
+  }
 
   void addInput(Value* v) {
-    if (input_ids_.count(v) != 0) return;
+    if (v->lower_epoch == epoch_) return;
     if (v->lost()) throw LostInput(ValuePtr::reclaim_copy(v));
     TORCH_CHECK(v->handle.has_value(), "value ", v->str(), " is neither pending nor resident (lost)");
     const auto id = static_cast<uint32_t>(out_.inputs.size());
-    input_ids_.emplace(v, id);
+    v->lower_epoch = epoch_;
+    v->lower_id = id;
     if (v->residency == kWeight) {  // a weight's handle is part of the structure: bound in the graph
       out_.inputs.push_back({LoweredInput::kWeight, ValuePtr::reclaim_copy(v), {}});
       inputs_key_.insert(inputs_key_.end(), {kWeightInput, static_cast<int64_t>(v->handle->hi()),
@@ -224,23 +218,23 @@ class Lowering {
   }
 
   void node(const Node& n) {
-    const auto& facts = opFacts(n.op);
-    const std::vector<bool> shown = shownArgs(n.schema(), n.args);
+    const ShownArgs shown(n.schema(), n.args);
     key_.insert(key_.end(), {kNodeTag, reinterpret_cast<int64_t>(&n.schema()), static_cast<int64_t>(n.outputs.size())});
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (!shown[i]) {
         key_.push_back(kSkip);
         continue;
       }
-      walkArg(n.args[i], i < facts.args.size() ? facts.args[i] : ArgKind::kOther, *this, n);
+      walkArg(n.args[i], i < n.facts.args.size() ? n.facts.args[i] : ArgKind::kOther, *this, n);
     }
-    for (const ValuePtr& v : n.outputs) produced_.emplace(v.get(), static_cast<uint32_t>(produced_.size()));
+    for (const ValuePtr& v : n.outputs) {
+      v->lower_epoch = epoch_;
+      v->lower_id = Value::kProduced | produced_++;
+    }
   }
 
   void finish() {
-    const auto num_inputs = static_cast<uint32_t>(out_.inputs.size());
-    for (const auto& [v, id] : input_ids_) out_.ids[v] = id;
-    for (const auto& [v, i] : produced_) out_.ids[v] = num_inputs + i;
+    out_.num_inputs = static_cast<uint32_t>(out_.inputs.size());
     out_.key = std::move(inputs_key_);
     out_.key.insert(out_.key.end(), key_.begin(), key_.end());
     out_.key_hash = hashWords(out_.key);
@@ -257,26 +251,19 @@ class Lowering {
   }
 
   // ---- the visitor of walkArg ----
-  void tensors(const std::vector<TensorItem>& items, bool list) {
-    if (list) key_.insert(key_.end(), {kTensorList, static_cast<int64_t>(items.size())});
-    for (const TensorItem& item : items) {
-      if (item.value != nullptr) {
-        auto found = produced_.find(item.value);
-        if (found != produced_.end()) {
-          key_.insert(key_.end(), {kOutputRef, found->second});
-        } else {
-          TORCH_CHECK(!item.value->pending() || item.value->lost(), "value ", item.value->str(),
-                      " is pending but its op is not in the cut");
-          addInput(item.value);
-          key_.insert(key_.end(), {kInputRef, input_ids_.at(item.value)});
-        }
-      } else if (item.tensor != nullptr) {
-        key_.insert(key_.end(), {kInputRef, inlineInput(*item.tensor)});
-      } else {
-        key_.push_back(kNoTensor);
-      }
+  void value(Value* v) {
+    if (v->lower_epoch == epoch_ && (v->lower_id & Value::kProduced) != 0) {
+      key_.insert(key_.end(), {kOutputRef, static_cast<int64_t>(v->lower_id & ~Value::kProduced)});
+      return;
     }
+    TORCH_CHECK(!v->pending() || v->lost(), "value ", v->str(), " is pending but its op is not in the cut");
+    addInput(v);
+    key_.insert(key_.end(), {kInputRef, static_cast<int64_t>(v->lower_id)});
   }
+  void inlineTensor(const at::Tensor& t) { key_.insert(key_.end(), {kInputRef, inlineInput(t)}); }
+  void noTensor() { key_.push_back(kNoTensor); }
+  void beginTensorList(size_t n, bool) { key_.insert(key_.end(), {kTensorList, static_cast<int64_t>(n)}); }
+  void endTensorList() {}
   void none() { key_.push_back(kNone); }
   void boolean(bool b) { key_.insert(key_.end(), {kBool, b}); }
   void number(const Number& n) {
@@ -294,21 +281,21 @@ class Lowering {
     }
   }
   void device(c10::DeviceType type) { key_.insert(key_.end(), {kDevice, static_cast<int64_t>(type)}); }
-  void intList(const std::vector<Number>& numbers) {
-    key_.insert(key_.end(), {kIntList, static_cast<int64_t>(numbers.size())});
-    out_.numbers.insert(out_.numbers.end(), numbers.begin(), numbers.end());
+  void intList(c10::ArrayRef<c10::IValue> list) {
+    key_.insert(key_.end(), {kIntList, static_cast<int64_t>(list.size())});
+    for (const c10::IValue& x : list) out_.numbers.push_back(Number{false, intOf(x), 0.0});
   }
-  void doubleList(const std::vector<double>& values) {
-    key_.insert(key_.end(), {kDoubleList, static_cast<int64_t>(values.size())});
-    for (double d : values) key_.push_back(bitsOf(d));
+  void doubleList(c10::ArrayRef<c10::IValue> list) {
+    key_.insert(key_.end(), {kDoubleList, static_cast<int64_t>(list.size())});
+    for (const c10::IValue& x : list) key_.push_back(bitsOf(doubleOf(x)));
   }
-  void boolList(const std::vector<bool>& values) {
-    key_.insert(key_.end(), {kBoolList, static_cast<int64_t>(values.size())});
-    for (bool b : values) key_.push_back(b);
+  void boolList(c10::ArrayRef<c10::IValue> list) {
+    key_.insert(key_.end(), {kBoolList, static_cast<int64_t>(list.size())});
+    for (const c10::IValue& x : list) key_.push_back(x.toBool());
   }
 
  private:
-  uint32_t inlineInput(const at::Tensor& t) {
+  int64_t inlineInput(const at::Tensor& t) {
     auto found = out_.inline_ids.find(t.unsafeGetTensorImpl());
     if (found != out_.inline_ids.end()) return found->second;
     const auto id = static_cast<uint32_t>(out_.inputs.size());
@@ -319,8 +306,8 @@ class Lowering {
   }
 
   Lowered& out_;
-  std::unordered_map<const Value*, uint32_t> input_ids_;
-  std::unordered_map<const Value*, uint32_t> produced_;
+  const uint32_t epoch_;
+  uint32_t produced_ = 0;
   std::vector<int64_t> inputs_key_;
   std::vector<int64_t> key_;
 };
@@ -334,6 +321,11 @@ Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& ex
   for (const NodePtr& node : nodes) lowering.node(*node);
   lowering.finish();
   return out;
+}
+
+uint32_t Lowered::idOf(const Value* v) const {
+  TORCH_CHECK(v->lower_epoch == epoch, "genie: value ", v->str(), " is not numbered by this lowering (a stale cut)");
+  return (v->lower_id & Value::kProduced) != 0 ? num_inputs + (v->lower_id & ~Value::kProduced) : v->lower_id;
 }
 
 // ---- the wire graph -------------------------------------------------------------------------
@@ -352,26 +344,22 @@ class Encoder {
 
   std::pair<wire::Value, fb::Offset<void>> result;
 
-  void tensors(const std::vector<TensorItem>& items, bool list) {
-    std::vector<int64_t> ids;
-    bool any_none = false;
-    for (const TensorItem& item : items) {
-      if (item.value != nullptr) {
-        ids.push_back(lowered_.ids.at(item.value));
-      } else if (item.tensor != nullptr) {
-        ids.push_back(lowered_.inline_ids.at(item.tensor->unsafeGetTensorImpl()));
-      } else {
-        ids.push_back(-1);
-        any_none = true;
-      }
-    }
-    if (!list) {
-      result = {wire::Value::TensorValue, wire::CreateTensorValue(fbb_, static_cast<uint32_t>(ids[0])).Union()};
-    } else if (any_none) {
+  void value(Value* v) { tensorId(lowered_.idOf(v)); }
+  void inlineTensor(const at::Tensor& t) { tensorId(lowered_.inline_ids.at(t.unsafeGetTensorImpl())); }
+  void noTensor() { tensorId(-1); }
+  void beginTensorList(size_t n, bool any_none) {
+    in_list_ = true;
+    list_any_none_ = any_none;
+    list_ids_.clear();
+    list_ids_.reserve(n);
+  }
+  void endTensorList() {
+    in_list_ = false;
+    if (list_any_none_) {
       result = {wire::Value::OptionalTensorListValue,
-                wire::CreateOptionalTensorListValue(fbb_, fbb_.CreateVector(ids)).Union()};
+                wire::CreateOptionalTensorListValue(fbb_, fbb_.CreateVector(list_ids_)).Union()};
     } else {
-      std::vector<uint32_t> values(ids.begin(), ids.end());
+      std::vector<uint32_t> values(list_ids_.begin(), list_ids_.end());
       result = {wire::Value::TensorListValue, wire::CreateTensorListValue(fbb_, fbb_.CreateVector(values)).Union()};
     }
   }
@@ -408,31 +396,41 @@ class Encoder {
     auto name = fbb_.CreateString(c10::DeviceTypeName(type, /*lower_case=*/true));
     result = {wire::Value::DeviceValue, wire::CreateDeviceValue(fbb_, name, -1).Union()};
   }
-  void intList(const std::vector<Number>& numbers) {
+  void intList(c10::ArrayRef<c10::IValue> list) {
     // The executor takes element i from scalar input scalar_slots[i] when it is >= 0 (v[i] is
     // then 0 and unused); with no slot, scalar_slots is left empty.
     std::vector<int64_t> values;
     std::vector<int32_t> slots;
     bool any_slot = false;
-    for (const Number& n : numbers) {
+    for (const c10::IValue& x : list) {
       const int32_t slot = nextSlot();
       any_slot = any_slot || slot >= 0;
-      values.push_back(slot >= 0 ? 0 : n.i);
+      values.push_back(slot >= 0 ? 0 : intOf(x));
       slots.push_back(slot);
     }
     auto v = fbb_.CreateVector(values);
     auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
     result = {wire::Value::IntListValue, wire::CreateIntListValue(fbb_, v, s).Union()};
   }
-  void doubleList(const std::vector<double>& values) {
+  void doubleList(c10::ArrayRef<c10::IValue> list) {
+    std::vector<double> values;
+    for (const c10::IValue& x : list) values.push_back(doubleOf(x));
     result = {wire::Value::DoubleListValue, wire::CreateDoubleListValue(fbb_, fbb_.CreateVector(values)).Union()};
   }
-  void boolList(const std::vector<bool>& values) {
-    std::vector<uint8_t> bytes(values.begin(), values.end());
+  void boolList(c10::ArrayRef<c10::IValue> list) {
+    std::vector<uint8_t> bytes;
+    for (const c10::IValue& x : list) bytes.push_back(x.toBool());
     result = {wire::Value::BoolListValue, wire::CreateBoolListValue(fbb_, fbb_.CreateVector(bytes)).Union()};
   }
 
  private:
+  void tensorId(int64_t id) {
+    if (in_list_) {
+      list_ids_.push_back(id);
+    } else {
+      result = {wire::Value::TensorValue, wire::CreateTensorValue(fbb_, static_cast<uint32_t>(id)).Union()};
+    }
+  }
   int32_t nextSlot() {
     auto found = slot_of_.find(position_++);
     return found == slot_of_.end() ? -1 : found->second;
@@ -442,6 +440,9 @@ class Encoder {
   const Lowered& lowered_;
   std::unordered_map<uint32_t, int32_t> slot_of_;
   uint32_t position_ = 0;  // index into lowered.numbers, in walk order
+  bool in_list_ = false;
+  bool list_any_none_ = false;
+  std::vector<int64_t> list_ids_;
 };
 
 }  // namespace
@@ -457,13 +458,12 @@ std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowere
   Encoder encoder(fbb, lowered, lifted);
   std::vector<fb::Offset<wire::Node>> encoded;
   for (const NodePtr& node : nodes) {
-    const auto& facts = opFacts(node->op);
     const auto& arguments = node->schema().arguments();
-    const std::vector<bool> shown = shownArgs(node->schema(), node->args);
+    const ShownArgs shown(node->schema(), node->args);
     std::vector<fb::Offset<wire::Argument>> args;
     for (size_t i = 0; i < node->args.size(); ++i) {
       if (!shown[i]) continue;
-      walkArg(node->args[i], i < facts.args.size() ? facts.args[i] : ArgKind::kOther, encoder, *node);
+      walkArg(node->args[i], i < node->facts.args.size() ? node->facts.args[i] : ArgKind::kOther, encoder, *node);
       const bool keyword = i < arguments.size() && arguments[i].kwarg_only();
       auto name = keyword ? fbb.CreateString(arguments[i].name()) : fb::Offset<fb::String>();
       args.push_back(wire::CreateArgument(fbb, name, encoder.result.first, encoder.result.second));
@@ -543,7 +543,7 @@ namespace {
 
 void addSpec(Cut& cut, const ValuePtr& v, OutputAction action) {
   OutputRow row;
-  row.value_id = cut.lowered.ids.at(v.get());
+  row.value_id = cut.lowered.idOf(v.get());
   row.action = action;
   row.residency = v->residency;
   if (action != OutputAction::kReturn) {
@@ -580,19 +580,23 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
     if (input.kind != LoweredInput::kInline) in_use.insert(*input.value->handle);
   }
   cut.frees = recording.takeFrees(in_use);
-  std::unordered_set<const Value*> seen;
+  // Values with a spec already are marked by a fresh epoch (the liveness marks are done with).
+  const uint32_t seen = nextEpoch();
   for (const ValuePtr& v : returned) {
     const bool keep = v->tensors.load(std::memory_order_relaxed) > 0 && v->pending();
     addSpec(cut, v, keep ? OutputAction::kReturnAndKeep : OutputAction::kReturn);
-    seen.insert(v.get());
+    v->needed_epoch = seen;
   }
   for (const ValuePtr& v : described) {
     addSpec(cut, v, OutputAction::kKeepAndDescribe);
-    seen.insert(v.get());
+    v->needed_epoch = seen;
   }
   for (const NodePtr& node : cut.nodes) {
     for (const ValuePtr& v : node->outputs) {
-      if (v->tensors.load(std::memory_order_relaxed) > 0 && seen.insert(v.get()).second) addSpec(cut, v, OutputAction::kKeep);
+      if (v->tensors.load(std::memory_order_relaxed) > 0 && v->needed_epoch != seen) {
+        addSpec(cut, v, OutputAction::kKeep);
+        v->needed_epoch = seen;
+      }
     }
   }
   return cut;

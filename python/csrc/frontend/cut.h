@@ -56,10 +56,14 @@ struct LoweredInput {
 struct Lowered {
   std::vector<LoweredInput> inputs;
   std::vector<Number> numbers;                      // liftable numbers, in walk order
-  std::unordered_map<const Value*, uint32_t> ids;  // wire value id of every input and output
   std::unordered_map<const c10::TensorImpl*, uint32_t> inline_ids;  // wire value id of each inline host tensor
   std::vector<int64_t> key;                         // the structure (see the top of this file)
   size_t key_hash = 0;
+  uint32_t num_inputs = 0;
+  uint32_t epoch = 0;  // values carry their numbering under this epoch (Value::lower_epoch)
+  /// The wire value id of `v` (an input or an output of the lowered nodes). Valid until the
+  /// next lowering; c10::Error after it (a stale cut).
+  uint32_t idOf(const Value* v) const;
 };
 
 /// Thrown by lower when an input value is lost: the runtime raises the value's error.

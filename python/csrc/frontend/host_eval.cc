@@ -48,7 +48,7 @@ class HostEvaluator {
     if (value.host.defined()) return value.host;
     Node* node = value.producer;
     if (node == nullptr || budget_ <= 0 || !node->writes.empty()) throw NotExact{};
-    const OpFacts& facts = opFacts(node->op);
+    const OpFacts& facts = node->facts;
     if (!opIsExact(facts, node->op)) throw NotExact{};
     for (const ValuePtr& v : node->outputs) {
       if (!exactDtype(v->dtype)) throw NotExact{};

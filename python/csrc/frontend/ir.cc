@@ -40,7 +40,7 @@ std::string Value::str() const {
 
 namespace {
 
-std::vector<ValuePtr> makeOutputs(Node* node, const std::vector<OutputSpec>& specs) {
+std::vector<ValuePtr> makeOutputs(Node* node, c10::ArrayRef<OutputSpec> specs) {
   std::vector<ValuePtr> outputs;
   outputs.reserve(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -51,17 +51,23 @@ std::vector<ValuePtr> makeOutputs(Node* node, const std::vector<OutputSpec>& spe
 
 }  // namespace
 
-Node::Node(c10::OperatorHandle op_, std::vector<c10::IValue> args_, const std::vector<OutputSpec>& specs,
-           std::vector<StoragePtr> writes_, int64_t seq_)
-    : op(std::move(op_)), args(std::move(args_)), outputs(makeOutputs(this, specs)), writes(std::move(writes_)),
-      seq(seq_) {
+Node::Node(c10::OperatorHandle op_, const OpFacts& facts_, std::vector<c10::IValue> args_,
+           c10::ArrayRef<OutputSpec> specs, std::vector<StoragePtr> writes_, int64_t seq_)
+    : op(std::move(op_)), facts(facts_), args(std::move(args_)), outputs(makeOutputs(this, specs)),
+      writes(std::move(writes_)), seq(seq_) {
+  inputs_.reserve(args.size());
   for (const c10::IValue& arg : args) forEachValue(arg, [&](Value* v) { inputs_.push_back(v); });
 }
 
-NodePtr Node::make(c10::OperatorHandle op, std::vector<c10::IValue> args, const std::vector<OutputSpec>& outputs,
-                   std::vector<StoragePtr> writes) {
+NodePtr Node::make(c10::OperatorHandle op, const OpFacts& facts, std::vector<c10::IValue> args,
+                   c10::ArrayRef<OutputSpec> outputs, std::vector<StoragePtr> writes) {
   const int64_t seq = g_sequence.fetch_add(1, std::memory_order_relaxed);
-  return NodePtr::reclaim(new Node(std::move(op), std::move(args), outputs, std::move(writes), seq));
+  return NodePtr::reclaim(new Node(std::move(op), facts, std::move(args), outputs, std::move(writes), seq));
+}
+
+uint32_t nextEpoch() {
+  static uint32_t epoch = 0;
+  return ++epoch == 0 ? ++epoch : epoch;  // 0 never: fields start at 0
 }
 
 std::string opNameOf(const c10::OperatorHandle& op) {
@@ -103,17 +109,20 @@ bool isDefault(const c10::Argument& argument, const c10::IValue& value) {
 
 }  // namespace
 
-std::vector<bool> shownArgs(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args) {
+ShownArgs::ShownArgs(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) : schema_(schema), args_(args) {
   const auto& arguments = schema.arguments();
   const size_t n = std::min(arguments.size(), args.size());
-  std::vector<bool> shown(args.size(), true);
-  size_t positional = 0;
-  while (positional < n && !arguments[positional].kwarg_only()) ++positional;
-  size_t last = positional;
-  while (last > 0 && isDefault(arguments[last - 1], args[last - 1])) --last;
-  for (size_t i = last; i < positional; ++i) shown[i] = false;
-  for (size_t i = positional; i < n; ++i) shown[i] = !isDefault(arguments[i], args[i]);
-  return shown;
+  while (positional_ < n && !arguments[positional_].kwarg_only()) ++positional_;
+  shown_positional_ = positional_;
+  while (shown_positional_ > 0 && isDefault(arguments[shown_positional_ - 1], args[shown_positional_ - 1])) {
+    --shown_positional_;
+  }
+}
+
+bool ShownArgs::operator[](size_t i) const {
+  if (i < positional_) return i < shown_positional_;
+  const auto& arguments = schema_.arguments();
+  return i >= arguments.size() || !isDefault(arguments[i], args_[i]);
 }
 
 std::string Node::str() const {
@@ -121,7 +130,7 @@ std::string Node::str() const {
   for (size_t i = 0; i < outputs.size(); ++i) out << (i ? ", " : "") << "%" << seq << "." << i;
   out << (outputs.empty() ? "" : " = ") << opName() << "(";
   const auto& arguments = schema().arguments();
-  const std::vector<bool> shown = shownArgs(schema(), args);
+  const ShownArgs shown(schema(), args);
   bool first = true;
   for (size_t i = 0; i < args.size(); ++i) {
     if (!shown[i]) continue;

@@ -35,6 +35,7 @@
 namespace genie::frontend {
 
 class Node;
+struct OpFacts;
 
 /// RunGraph output actions (schemas/genie.fbs OutputAction).
 enum class OutputAction : uint8_t { kReturn = 0, kKeep = 1, kReturnAndKeep = 2, kKeepAndDescribe = 3 };
@@ -45,6 +46,7 @@ enum Residency : uint8_t { kActivation = 0, kWeight = 1, kKvCache = 2, kGradient
 struct Storage final : c10::intrusive_ptr_target {
   std::atomic<int64_t> live{0};  // LazyTensors whose current value is on this storage
   bool written = false;          // a recorded op writes it: no value on it has a host copy again
+  uint32_t read_epoch = 0;       // scratch of liveNodes (cut.h): read by a kept node in that pass
 };
 
 /// One tensor value (see the top of this file).
@@ -67,6 +69,13 @@ class Value final : public torch::CustomClassHolder {
   std::atomic<int64_t> tensors{0};  // LazyTensors whose current value this is
   PyObject* error = nullptr;        // a strong reference when lost (a failed run, a lost node)
   at::Tensor host;                  // its exact contents on the host, if known (host evaluation)
+
+  // Scratch of the passes (cut.h), meaningful only while the epoch is the running pass's: no
+  // hash maps on the hot path of a cut.
+  uint32_t needed_epoch = 0;  // liveNodes: a kept node (or the read) needs it
+  uint32_t lower_epoch = 0;   // lower: numbered in this lowering, as `lower_id`
+  uint32_t lower_id = 0;      // an input's index, or kProduced | the index among produced values
+  static constexpr uint32_t kProduced = 1u << 31;
 
   bool pending() const { return producer != nullptr; }
   bool lost() const { return error != nullptr; }
@@ -91,10 +100,11 @@ class Node final : public c10::intrusive_ptr_target {
  public:
   /// The node, its outputs made with it. `args`: every schema argument (Value capsules for
   /// device tensors, see valueOf). `seq`: its position in program order (process-wide).
-  static c10::intrusive_ptr<Node> make(c10::OperatorHandle op, std::vector<c10::IValue> args,
-                                       const std::vector<OutputSpec>& outputs, std::vector<StoragePtr> writes);
+  static c10::intrusive_ptr<Node> make(c10::OperatorHandle op, const OpFacts& facts, std::vector<c10::IValue> args,
+                                       c10::ArrayRef<OutputSpec> outputs, std::vector<StoragePtr> writes);
 
   const c10::OperatorHandle op;
+  const OpFacts& facts;  // what its schema says (op_facts.h)
   const std::vector<c10::IValue> args;
   const std::vector<ValuePtr> outputs;
   const std::vector<StoragePtr> writes;
@@ -109,7 +119,7 @@ class Node final : public c10::intrusive_ptr_target {
   std::string str() const;
 
  private:
-  Node(c10::OperatorHandle op, std::vector<c10::IValue> args, const std::vector<OutputSpec>& outputs,
+  Node(c10::OperatorHandle op, const OpFacts& facts, std::vector<c10::IValue> args, c10::ArrayRef<OutputSpec> outputs,
        std::vector<StoragePtr> writes, int64_t seq);
   std::vector<Value*> inputs_;
 };
@@ -135,7 +145,21 @@ void forEachValue(const c10::IValue& arg, F&& f) {
 /// Which of `args` (every argument of `schema`) a call shows, as Python dispatch passes them:
 /// positional arguments up to the last one that differs from its default, keyword-only
 /// arguments that differ from their defaults. A tensor argument always differs.
-std::vector<bool> shownArgs(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args);
+class ShownArgs {
+ public:
+  ShownArgs(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args);
+  bool operator[](size_t i) const;
+  size_t positional() const { return positional_; }  // arguments before the first keyword-only one
+  size_t shownPositional() const { return shown_positional_; }
+
+ private:
+  const c10::FunctionSchema& schema_;
+  c10::ArrayRef<c10::IValue> args_;
+  size_t positional_ = 0;
+  size_t shown_positional_ = 0;
+};
+/// A new epoch for the scratch fields of the passes (under the process lock).
+uint32_t nextEpoch();
 
 /// "aten::add.Tensor" for an operator (no ".default").
 std::string opNameOf(const c10::OperatorHandle& op);

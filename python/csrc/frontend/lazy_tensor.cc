@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <typeinfo>
 
 #include "frontend/lock.h"
 #include "frontend/recording.h"
@@ -102,8 +103,8 @@ void LazyTensorImpl::setGeometry(const Desc& desc) {
 LazyTensorImpl* lazyImpl(const at::Tensor& tensor) {
   if (!tensor.defined()) return nullptr;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  if (impl->device_type() != c10::DeviceType::PrivateUse1) return nullptr;
-  return dynamic_cast<LazyTensorImpl*>(impl);
+  if (impl->device_type() != c10::DeviceType::PrivateUse1 || typeid(*impl) != typeid(LazyTensorImpl)) return nullptr;
+  return static_cast<LazyTensorImpl*>(impl);
 }
 
 at::Tensor makeLazy(const ValuePtr& value, const Desc& desc, const c10::intrusive_ptr<Recording>& recording,

@@ -145,7 +145,11 @@ const OpFacts& opFacts(const c10::OperatorHandle& op) {
 
 void setPythonOps(const std::vector<std::string>& names) {
   pythonOps() = std::unordered_set<std::string>(names.begin(), names.end());
-  cache().clear();
+  // Nodes keep references to the facts: update the cached ones in place.
+  for (auto& [schema, facts] : cache()) {
+    auto op = c10::Dispatcher::singleton().findOp(static_cast<const c10::FunctionSchema*>(schema)->operator_name());
+    if (op) *facts = std::move(*compute(*op));
+  }
 }
 
 }  // namespace genie::frontend

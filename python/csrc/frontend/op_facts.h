@@ -65,7 +65,8 @@ struct OpFacts {
 const OpFacts& opFacts(const c10::OperatorHandle& op);
 
 /// Ops genie.recorder handles in Python ("aten::_local_scalar_dense", ...): routed kPython.
-/// Set once at import by genie.recorder (configure_recorder); ops already cached are updated.
+/// Set once at import by genie.recorder (configure_recorder); ops already cached are updated in
+/// place (nodes refer to their facts). Under the process lock.
 void setPythonOps(const std::vector<std::string>& names);
 
 }  // namespace genie::frontend

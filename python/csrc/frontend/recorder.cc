@@ -2,6 +2,7 @@
 
 #include <ATen/core/List.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
@@ -216,10 +217,9 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
   if (facts.seeded) writes.push_back(rec.rng());
 
   // Each output: where it lives, and the argument tensor it aliases or writes (if a device tensor).
-  std::vector<OutputSpec> specs;
-  std::vector<const at::Tensor*> sources;
-  std::vector<ReturnFacts::Kind> kinds;
-  specs.reserve(descs.size());
+  c10::SmallVector<OutputSpec, 4> specs;
+  c10::SmallVector<const at::Tensor*, 4> sources;
+  c10::SmallVector<ReturnFacts::Kind, 4> kinds;
   for (size_t i = 0; i < descs.size(); ++i) {
     const ReturnFacts rf = facts.returns.empty() ? ReturnFacts{}
                                                  : facts.returns[facts.list_return ? 0 : std::min(i, facts.returns.size() - 1)];
@@ -239,11 +239,10 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     sources.push_back(source);
     kinds.push_back(rf.kind);
   }
-  NodePtr node = Node::make(op, std::move(walk.args), specs, std::move(writes));
+  NodePtr node = Node::make(op, facts, std::move(walk.args), specs, std::move(writes));
   rec.append(node);
 
-  std::vector<at::Tensor> outputs;
-  outputs.reserve(descs.size());
+  c10::SmallVector<at::Tensor, 4> outputs;
   for (size_t i = 0; i < descs.size(); ++i) {
     const Desc& desc = descs[i];
     if (!desc.defined) {
@@ -263,6 +262,7 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
   // The results, as the schema returns them.
   std::vector<c10::IValue> results;
   const auto& returns = op.schema().returns();
+  results.reserve(returns.size());
   if (facts.list_return) {
     c10::List<at::Tensor> list;
     for (at::Tensor& t : outputs) list.push_back(std::move(t));
@@ -310,7 +310,8 @@ std::optional<std::vector<c10::IValue>> uploadInline(const c10::IValue* first, s
     if (!host.is_non_overlapping_and_dense()) host = host.contiguous();
   }
   static const c10::OperatorHandle alias = c10::Dispatcher::singleton().findSchemaOrThrow("aten::alias", "");
-  NodePtr node = Node::make(alias, {host}, {{c10::make_intrusive<Storage>(), dtype}}, {});
+  const OutputSpec spec{c10::make_intrusive<Storage>(), dtype};
+  NodePtr node = Node::make(alias, opFacts(alias), {host}, spec, {});
   rec->append(node);
   if (keepsHostCopy(dtype, host.numel() * static_cast<int64_t>(host.element_size()))) node->outputs[0]->host = host;
   at::Tensor out = makeLazy(node->outputs[0], Desc::of(host), RecordingPtr::reclaim_copy(rec), nullptr);
@@ -355,11 +356,12 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
         auto same = sameValue(first, recorded);
         if (!same) return recorded;
         results = std::move(*same);
-        break;
+        break;  // nothing recorded: the pending graph did not grow
       }
       if (route == Route::kToCopy && options.inline_upload) {
         if (auto uploaded = uploadInline(first, n, recorded)) {
           results = std::move(*uploaded);
+          recorded.wants_run = recorded.recording->wantsRun();
           break;
         }
       }
@@ -368,12 +370,13 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       if (!walk.run(first, n)) return recorded;
       if (walk.recording == nullptr) walk.recording = factoryRecording(first, n);
       if (walk.recording == nullptr) return recorded;  // a factory for a device whose runtime Python makes
-      const PlanKey key = walk.key.finish();
+      const KeyView key = walk.key.finish();
       const Plan* plan = planCache().find(key);
       if (plan == nullptr && inferred) plan = planCache().insert(key, Plan{std::move(*inferred)});
       if (plan != nullptr) {
         recorded.recording = walk.recording;
         results = emit(op, *facts, *plan, walk, first, recorded);
+        recorded.wants_run = walk.recording->wantsRun();
         break;
       }
     }

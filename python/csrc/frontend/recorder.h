@@ -61,6 +61,7 @@ struct Recorded {
   /// runtime may have to run the pending graph now (Recording::wantsRun).
   std::vector<at::Tensor> fresh;
   Recording* recording = nullptr;
+  bool wants_run = false;  // Recording::wantsRun() after this call, read under the lock
 };
 
 /// Records `op` with its arguments, the last `op.schema().arguments().size()` IValues of

@@ -28,7 +28,7 @@ Recording::~Recording() {
 void Recording::append(NodePtr node) {
   for (const StoragePtr& storage : node->writes) storage->written = true;
   if (async_chunk > 0) {
-    switch (opFacts(node->op).cache_role) {
+    switch (node->facts.cache_role) {
       case OpFacts::CacheRole::kWriter: cache_write_open_ = true; break;
       case OpFacts::CacheRole::kAttention: cache_write_open_ = false; break;
       case OpFacts::CacheRole::kNone: break;

@@ -323,8 +323,15 @@ Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 
 // ---- the plan cache -------------------------------------------------------------------------
 
-KeyBuilder::KeyBuilder(const c10::OperatorHandle& op) {
-  words_.reserve(48);
+namespace {
+std::vector<int64_t>& threadKeyBuffer() {
+  thread_local std::vector<int64_t> buffer;
+  return buffer;
+}
+}  // namespace
+
+KeyBuilder::KeyBuilder(const c10::OperatorHandle& op) : words_(threadKeyBuffer()) {
+  words_.clear();
   words_.push_back(reinterpret_cast<int64_t>(&op.schema()));
   // The default dtype decides the dtype of factories and of float scalars' promotion.
   words_.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
@@ -411,40 +418,55 @@ bool KeyBuilder::addValue(const c10::IValue& v) {
   return true;
 }
 
-PlanKey KeyBuilder::finish() {
+KeyView KeyBuilder::finish() {
   uint64_t h = 0x9E3779B97F4A7C15ULL ^ words_.size();
   for (int64_t w : words_) {
     h ^= static_cast<uint64_t>(w);
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 32;
   }
-  return PlanKey{std::move(words_), static_cast<size_t>(h)};
+  return KeyView{words_, static_cast<size_t>(h)};
 }
 
 namespace {
 
+// Heterogeneous lookup: a KeyView finds a PlanKey without copying the words.
 struct KeyHash {
+  using is_transparent = void;
   size_t operator()(const PlanKey& k) const { return k.hash; }
+  size_t operator()(const KeyView& k) const { return k.hash; }
+};
+struct KeyEqual {
+  using is_transparent = void;
+  static bool same(c10::ArrayRef<int64_t> a, c10::ArrayRef<int64_t> b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(int64_t)) == 0;
+  }
+  bool operator()(const PlanKey& a, const PlanKey& b) const { return a.hash == b.hash && same(a.words, b.words); }
+  bool operator()(const KeyView& a, const PlanKey& b) const { return a.hash == b.hash && same(a.words, b.words); }
+  bool operator()(const PlanKey& a, const KeyView& b) const { return a.hash == b.hash && same(a.words, b.words); }
 };
 
-std::unordered_map<PlanKey, std::unique_ptr<Plan>, KeyHash>& plans() {
-  static auto* p = new std::unordered_map<PlanKey, std::unique_ptr<Plan>, KeyHash>();
+using PlanMap = std::unordered_map<PlanKey, std::unique_ptr<Plan>, KeyHash, KeyEqual>;
+
+PlanMap& plans() {
+  static auto* p = new PlanMap();
   return *p;
 }
 
 }  // namespace
 
-const Plan* PlanCache::find(const PlanKey& key) const {
+const Plan* PlanCache::find(const KeyView& key) const {
   auto found = plans().find(key);
   return found == plans().end() ? nullptr : found->second.get();
 }
 
-const Plan* PlanCache::insert(PlanKey key, Plan plan) {
+const Plan* PlanCache::insert(const KeyView& key, Plan plan) {
   auto& p = plans();
   if (p.size() >= kMaxPlans) p.clear();
-  auto [it, inserted] = p.emplace(std::move(key), nullptr);
-  if (inserted || !it->second) it->second = std::make_unique<Plan>(std::move(plan));
-  return it->second.get();
+  auto found = p.find(key);
+  if (found != p.end()) return found->second.get();
+  PlanKey owned{std::vector<int64_t>(key.words.begin(), key.words.end()), key.hash};
+  return p.emplace(std::move(owned), std::make_unique<Plan>(std::move(plan))).first->second.get();
 }
 
 size_t PlanCache::size() const { return plans().size(); }

@@ -71,11 +71,16 @@ Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 struct PlanKey {
   std::vector<int64_t> words;
   size_t hash = 0;
-  bool operator==(const PlanKey& other) const { return hash == other.hash && words == other.words; }
+};
+/// A key being looked up: the builder's words, not copied.
+struct KeyView {
+  c10::ArrayRef<int64_t> words;
+  size_t hash = 0;
 };
 
-/// Builds a PlanKey argument by argument. Every part is tagged with its kind, so that equal
-/// numbers of different types (1, 1.0, True), which promote differently, differ.
+/// Builds a plan key argument by argument, in a buffer of the calling thread's. Every part is
+/// tagged with its kind, so that equal numbers of different types (1, 1.0, True), which promote
+/// differently, differ.
 class KeyBuilder {
  public:
   enum Tag : int64_t {
@@ -94,10 +99,11 @@ class KeyBuilder {
   void addHost(const at::Tensor& tensor);
   /// A non-tensor argument. False when it is of a kind the recorder does not key (then Python decides).
   bool addValue(const c10::IValue& value);
-  PlanKey finish();
+  /// The key (valid until this thread builds the next one).
+  KeyView finish();
 
  private:
-  std::vector<int64_t> words_;
+  std::vector<int64_t>& words_;
 };
 
 /// What the recorder keeps per key.
@@ -109,8 +115,8 @@ struct Plan {
 class PlanCache {
  public:
   static constexpr size_t kMaxPlans = 200'000;
-  const Plan* find(const PlanKey& key) const;
-  const Plan* insert(PlanKey key, Plan plan);
+  const Plan* find(const KeyView& key) const;
+  const Plan* insert(const KeyView& key, Plan plan);
   size_t size() const;
   void clear();
 };

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include "genie/wire/genie_generated.h"
 
 namespace genie::python {
@@ -23,6 +25,9 @@ void bindDispatchKernel(py::module_& m);
 /// Node, Value, Storage, Recording, Cut, the LazyTensor state functions and the process lock
 /// (frontend_bindings.cc).
 void bindFrontend(py::module_& m);
+/// The operator of an OpOverload (torch.ops.aten.add.Tensor), found by its schema's name;
+/// ValueError when none is registered (frontend_bindings.cc).
+c10::OperatorHandle operatorOf(py::handle func);
 /// The number of remote_accelerator devices c10 reports (device_guard.cc).
 void setDeviceCount(int count);
 /// This thread's current remote_accelerator device, as c10's device guard keeps it (device_guard.cc).

@@ -312,16 +312,6 @@ int registerKernels(const std::vector<std::string>& extra) {
   return count;
 }
 
-/// The operator of an OpOverload (torch.ops.aten.add.Tensor), found by its schema's name.
-c10::OperatorHandle operatorOf(py::handle func) {
-  py::object schema = func.attr("_schema");
-  const auto name = schema.attr("name").cast<std::string>();
-  const auto overload = schema.attr("overload_name").cast<std::string>();
-  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
-  if (!op) throw py::value_error("genie._C.record_op: no operator " + name + "." + overload);
-  return *op;
-}
-
 /// record_op(func, args, kwargs, host_args=()) -> result | NotImplemented.
 py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vector<int> host_args) {
   const c10::OperatorHandle op = operatorOf(func);

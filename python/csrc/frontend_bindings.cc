@@ -117,6 +117,8 @@ c10::IValue nodeArg(py::handle obj, const c10::Argument& argument) {
   return torch::jit::toIValue(obj, argument.real_type());
 }
 
+}  // namespace
+
 c10::OperatorHandle operatorOf(py::handle func) {
   py::object schema = func.attr("_schema");
   const auto name = schema.attr("name").cast<std::string>();
@@ -125,6 +127,8 @@ c10::OperatorHandle operatorOf(py::handle func) {
   if (!op) throw py::value_error("genie._C: no operator " + name + "." + overload);
   return *op;
 }
+
+namespace {
 
 /// Recording.append_node(func, args, kwargs, dtypes, writes=(), storages=None) -> Node.
 NodePtr appendNode(Recording& rec, py::handle func, py::sequence args, py::dict kwargs,

@@ -60,6 +60,10 @@ class Connection:
         if self.lineage is not None:
             self.lineage = Lineage()  # of handles that are gone with the node
         self._deferred = None  # superseded by the connection error being raised
+        self._drop_client()
+
+    def _drop_client(self) -> None:
+        """Closes the client of a lost connection (already gone: nothing to report)."""
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -73,12 +77,7 @@ class Connection:
         session. True when the state is rebuilt; False (the values are then lost) otherwise."""
         if self.lineage is None:
             return False
-        old, self.client = self.client, None
-        if old is not None:
-            try:
-                old.close()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        self._drop_client()
         deadline = time.monotonic() + self.recovery_timeout_s
         while True:
             try:

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "frontend/op_facts.h"
+#include "frontend/shapes.h"
 #include "genie/wire/torch_dtype.h"
 
 namespace genie::frontend {
@@ -238,16 +239,6 @@ class Lowering {
     out_.key = std::move(inputs_key_);
     out_.key.insert(out_.key.end(), key_.begin(), key_.end());
     out_.key_hash = hashWords(out_.key);
-  }
-
-  static size_t hashWords(const std::vector<int64_t>& words) {
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ words.size();
-    for (int64_t w : words) {
-      h ^= static_cast<uint64_t>(w);
-      h *= 0xff51afd7ed558ccdULL;
-      h ^= h >> 32;
-    }
-    return static_cast<size_t>(h);
   }
 
   // ---- the visitor of walkArg ----
@@ -483,15 +474,7 @@ std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowere
 
 // ---- 4. scalar lifting ----------------------------------------------------------------------
 
-size_t GraphCache::KeyHash::operator()(const std::vector<int64_t>& k) const {
-  uint64_t h = 0x9E3779B97F4A7C15ULL ^ k.size();
-  for (int64_t w : k) {
-    h ^= static_cast<uint64_t>(w);
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 32;
-  }
-  return static_cast<size_t>(h);
-}
+size_t GraphCache::KeyHash::operator()(const std::vector<int64_t>& k) const { return hashWords(k); }
 
 GraphCache::Family& GraphCache::familyOf(const Lowered& lowered) {
   // A loop runs one structure again and again: compare with the last key before hashing.

@@ -418,15 +418,17 @@ bool KeyBuilder::addValue(const c10::IValue& v) {
   return true;
 }
 
-KeyView KeyBuilder::finish() {
-  uint64_t h = 0x9E3779B97F4A7C15ULL ^ words_.size();
-  for (int64_t w : words_) {
+size_t hashWords(c10::ArrayRef<int64_t> words) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ words.size();
+  for (int64_t w : words) {
     h ^= static_cast<uint64_t>(w);
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 32;
   }
-  return KeyView{words_, static_cast<size_t>(h)};
+  return static_cast<size_t>(h);
 }
+
+KeyView KeyBuilder::finish() { return KeyView{words_, hashWords(words_)}; }
 
 namespace {
 

@@ -72,6 +72,9 @@ struct PlanKey {
   std::vector<int64_t> words;
   size_t hash = 0;
 };
+/// The hash of a word sequence (plan keys, graph keys): a multiply-xorshift mix per word.
+size_t hashWords(c10::ArrayRef<int64_t> words);
+
 /// A key being looked up: the builder's words, not copied.
 struct KeyView {
   c10::ArrayRef<int64_t> words;

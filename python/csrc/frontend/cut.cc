@@ -585,6 +585,14 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
   return cut;
 }
 
+Cut::~Cut() {
+  for (const NodePtr& node : taken) {
+    for (const ValuePtr& v : node->outputs) {
+      if (v->producer == node.get()) v->producer = nullptr;
+    }
+  }
+}
+
 void commit(Recording& recording, Cut& cut) {
   // Values of nodes the cut left out were never needed (dead): they stay without a handle.
   for (const NodePtr& node : cut.taken) {

@@ -119,8 +119,15 @@ struct OutputRow {
   uint8_t residency = kActivation;
 };
 
-/// A prepared request (step 5) and what the runtime needs to finish it.
+/// A prepared request (step 5) and what the runtime needs to finish it. Dropped without
+/// commit, restore or fail (an exception between them), its nodes are dropped as dead ones are:
+/// no value points at them any more.
 struct Cut {
+  Cut() = default;
+  Cut(Cut&&) = default;
+  Cut& operator=(Cut&&) = default;
+  ~Cut();
+
   std::vector<NodePtr> taken;  // the whole pending graph it was taken from, in program order
   std::vector<NodePtr> nodes;  // the live ones: what runs
   Lowered lowered;

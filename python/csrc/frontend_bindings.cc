@@ -314,6 +314,11 @@ Values), `writes` (the Storages it mutates), `seq` (program order). Immutable.)d
       }, "The serialized wire Graph to register (scalar positions lifted).")
       .def("request", &requestOf, "(graph_id, bindings, scalars, specs, frees): Client.run_graph's arguments.")
       .def_property_readonly("spec_values", [](const Cut& c) { return c.spec_values; })
+      .def_property_readonly("spec_actions", [](const Cut& c) {
+        py::list out;
+        for (const auto& row : c.specs) out.append(static_cast<int>(row.action));
+        return out;
+      }, "The output action of each spec (genie.graph RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE).")
       .def_property_readonly("kept", [](const Cut& c) { return c.kept; })
       .def_property_readonly("weights", [](const Cut& c) {
         py::list out;

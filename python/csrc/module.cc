@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "frontend/cut.h"
 #include "genie/client/client.h"
 #include "genie/log.h"
 #include "genie/transport/config.h"
@@ -96,9 +97,14 @@ struct OutgoingTensor {
   uint64_t nbytes = 0;
 };
 
+OutgoingTensor outgoingOf(at::Tensor t, const std::string& what);
+
 OutgoingTensor outgoingOf(py::handle obj, const std::string& what) {
   if (!THPVariable_Check(obj.ptr())) throw py::type_error(what + ": expected a torch.Tensor, got " + typeName(obj));
-  at::Tensor t = THPVariable_Unpack(obj.ptr());
+  return outgoingOf(THPVariable_Unpack(obj.ptr()), what);
+}
+
+OutgoingTensor outgoingOf(at::Tensor t, const std::string& what) {
   if (!t.defined()) throw py::value_error(what + ": an undefined tensor");
   if (!t.device().is_cpu()) {
     throw py::value_error(what + ": a tensor on " + t.device().str() + "; genie._C sends CPU tensors");
@@ -371,9 +377,72 @@ class PyClient {
     return parsed;
   }
 
+  /// A RunGraph's arguments from a prepared cut (python/csrc/frontend/cut.h): no Python objects.
+  static ParsedRun parseCut(const frontend::Cut& cut) {
+    TORCH_CHECK(cut.prepared.graph_id.has_value(), "run_cut: the cut's graph is not registered");
+    ParsedRun parsed;
+    wire::RunGraphArgs& run = parsed.run;
+    run.graph_id = *cut.prepared.graph_id;
+    for (size_t i = 0; i < cut.lowered.inputs.size(); ++i) {
+      const auto& input = cut.lowered.inputs[i];
+      if (input.kind == frontend::LoweredInput::kWeight) continue;  // bound in the graph
+      wire::InputBindingArgs binding;
+      binding.input = static_cast<uint32_t>(i);
+      if (input.kind == frontend::LoweredInput::kHandle) {
+        binding.handle = *input.value->handle;
+      } else {
+        parsed.inline_tensors.push_back(outgoingOf(input.tensor, at("run_cut: inline input", i)));
+        wire::TensorSlotArgs slot;
+        slot.desc = parsed.inline_tensors.back().desc;
+        slot.payload_offset = parsed.layout.add(parsed.inline_tensors.back().nbytes);
+        parsed.offsets.push_back(slot.payload_offset);
+        binding.inline_tensor = std::move(slot);
+      }
+      run.inputs.push_back(std::move(binding));
+    }
+    for (const auto& [slot, number] : cut.prepared.scalars) {
+      wire::ScalarBindingArgs scalar;
+      scalar.slot = slot;
+      if (number.is_float) {
+        scalar.value = number.d;
+      } else {
+        scalar.value = number.i;
+      }
+      run.scalars.push_back(scalar);
+    }
+    for (const auto& row : cut.specs) {
+      wire::OutputSpecArgs spec;
+      spec.value = row.value_id;
+      spec.action = static_cast<wire::OutputAction>(row.action);
+      if (row.handle) spec.handle = *row.handle;
+      spec.residency = static_cast<wire::Residency>(row.residency);
+      run.outputs.push_back(spec);
+    }
+    run.free = cut.frees;
+    return parsed;
+  }
+
+  py::list runCut(const frontend::Cut& cut) { return runParsed(parseCut(cut)); }
+
+  uint64_t runCutAsync(const frontend::Cut& cut) {
+    ParsedRun parsed = parseCut(cut);
+    for (const auto& spec : parsed.run.outputs) {
+      TORCH_CHECK(spec.action == wire::OutputAction::KeepResident,
+                  "run_cut_async: an asynchronous run can only keep outputs resident");
+    }
+    auto id = withoutGil([&] { return live().runGraphAsync(parsed.run, parsed.payload()); });
+    check(id);
+    return *id;
+  }
+
   py::list runGraph(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
                     const py::list& outputs, const py::list& free) {
-    ParsedRun parsed = parseRun(graph_id, inputs, scalars, outputs, free);
+    return runParsed(parseRun(graph_id, inputs, scalars, outputs, free));
+  }
+
+  /// Sends a parsed RunGraph and waits: per output spec, the host tensor (Return,
+  /// ReturnAndKeep), the descriptor (KeepAndDescribe) or None.
+  py::list runParsed(const ParsedRun& parsed) {
     const wire::RunGraphArgs& run = parsed.run;
     auto reply = withoutGil([&] { return live().runGraphReply(run, parsed.payload()); });
     check(reply);
@@ -677,6 +746,10 @@ Returns a list aligned with outputs: a CPU torch.Tensor (Return, ReturnAndKeep),
 (KeepAndDescribe), None (KeepResident). Raises GenieRemoteError (UnknownGraph, UnknownHandle,
 TorchError with op_index/op_name, OutOfMemory), GenieConnectionError, TypeError/ValueError.
 )doc")
+      .def("run_cut", returning(&PyClient::runCut), py::arg("cut"),
+           "run_cut(cut: Cut) -> list: run_graph with a prepared cut's arguments (genie._C.Cut), built in C++.")
+      .def("run_cut_async", returning(&PyClient::runCutAsync), py::arg("cut"),
+           "run_cut_async(cut: Cut) -> int: run_graph_async with a prepared cut's arguments.")
       .def("run_graph_async", returning(&PyClient::runGraphAsync), py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
            py::arg("outputs"), py::arg("free") = py::list(), R"doc(
 run_graph_async(graph_id: bytes, inputs, scalars, outputs, free=[]) -> int

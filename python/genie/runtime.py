@@ -142,9 +142,8 @@ class Runtime(Connection, Uploads, RngOps):
         `returned`, {value: (dtype, shape, strides, offset)} of `described`)."""
         self.recording.drain_dead()
         cut = self._prepare_cut(returned, described)
-        request = cut.request()
         try:
-            results = self._request("run_graph", *request)
+            results = self._request("run_cut", cut)
         except GenieConnectionError as error:
             self.recording.fail(cut, -1, error)
             raise
@@ -162,7 +161,7 @@ class Runtime(Connection, Uploads, RngOps):
             raise
         self.recording.commit(cut)
         if self.lineage is not None:
-            self.lineage.run(request, cut.weights)
+            self.lineage.run(cut.request(), cut.weights)
         self._raise_interrupt()
         failed = self._reap_async(cut.kept)
         if failed is not None:
@@ -170,7 +169,7 @@ class Runtime(Connection, Uploads, RngOps):
         if self.lineage is not None:  # no asynchronous run names an entry now
             self.lineage.maybe_prune(set(self.recording.live_handles()))
         out_returned, out_described = {}, {}
-        for (_, action, _, _), v, result in zip(request[3], cut.spec_values, results):
+        for action, v, result in zip(cut.spec_actions, cut.spec_values, results):
             if action in (RETURN, RETURN_AND_KEEP):
                 out_returned[v] = result
             elif action == KEEP_AND_DESCRIBE:
@@ -188,14 +187,13 @@ class Runtime(Connection, Uploads, RngOps):
         self.recording.drain_dead()
         try:
             cut = self._prepare_cut([], [])
-            request = cut.request()
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
             self._deferred = self._deferred or error
             return
         try:
-            request_id = self._request("run_graph_async", *request)
+            request_id = self._request("run_cut_async", cut)
         except KeyboardInterrupt:
             self.recording.restore(cut)  # Ctrl-C before the request left: nothing ran
             raise
@@ -208,7 +206,7 @@ class Runtime(Connection, Uploads, RngOps):
         self.in_flight[request_id] = cut.kept
         if self.lineage is not None:
             self._lineage_entry[request_id] = len(self.lineage.entries)
-            self.lineage.run(request, cut.weights)
+            self.lineage.run(cut.request(), cut.weights)
         self._raise_interrupt()
 
     def flush(self) -> None:

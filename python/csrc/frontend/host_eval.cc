@@ -39,21 +39,31 @@ bool opIsExact(const OpFacts& facts, const c10::OperatorHandle& op) {
   return true;
 }
 
-struct NotExact {};
-
+/// Computes a value on the host. With `dry_run`, only checks that it could (every op exact,
+/// every leaf known on the host, within the budget): a read the host cannot answer costs a walk
+/// of the graph, not the ops on the way to the first unknown. Failure is a flag, not an
+/// exception (an unwind costs more than the walk).
 class HostEvaluator {
  public:
+  explicit HostEvaluator(bool dry_run) : dry_run_(dry_run) {}
+
+  bool failed() const { return failed_; }
+
   at::Tensor of(Value& value) {
-    if (value.storage->written) throw NotExact{};
+    if (failed_ || value.storage->written) return fail();
     if (value.host.defined()) return value.host;
     Node* node = value.producer;
-    if (node == nullptr || budget_ <= 0 || !node->writes.empty()) throw NotExact{};
+    if (node == nullptr || budget_ <= 0 || !node->writes.empty()) return fail();
     const OpFacts& facts = node->facts;
-    if (!opIsExact(facts, node->op)) throw NotExact{};
+    if (!opIsExact(facts, node->op)) return fail();
     for (const ValuePtr& v : node->outputs) {
-      if (!exactDtype(v->dtype)) throw NotExact{};
+      if (!exactDtype(v->dtype)) return fail();
     }
     --budget_;
+    if (dry_run_) {
+      for (const c10::IValue& a : node->args) arg(a);
+      return {};
+    }
     torch::jit::Stack stack;
     for (size_t i = 0; i < node->args.size(); ++i) {
       const c10::IValue& a = node->args[i];
@@ -65,10 +75,11 @@ class HostEvaluator {
         stack.push_back(arg(a));
       }
     }
+    if (failed_) return {};
     try {
       node->op.callBoxed(stack);
     } catch (const std::exception&) {
-      throw NotExact{};  // the node will report its own error
+      return fail();  // the node will report its own error
     }
     std::vector<at::Tensor> outs;
     for (const c10::IValue& out : stack) {
@@ -77,27 +88,32 @@ class HostEvaluator {
       } else if (out.isTensorList()) {
         for (const at::Tensor& t : out.toTensorList()) outs.push_back(t);
       } else {
-        throw NotExact{};
+        return fail();
       }
     }
-    if (outs.size() != node->outputs.size()) throw NotExact{};
+    if (outs.size() != node->outputs.size()) return fail();
     for (size_t i = 0; i < outs.size(); ++i) {
       Value& v = *node->outputs[i];
       if (outs[i].defined() && outs[i].scalar_type() == v.dtype && small(outs[i])) v.host = outs[i];
     }
-    if (!value.host.defined()) throw NotExact{};
+    if (!value.host.defined()) return fail();
     return value.host;
   }
 
  private:
+  at::Tensor fail() {
+    failed_ = true;
+    return {};
+  }
+
   c10::IValue arg(const c10::IValue& a) {
     if (a.isCapsule()) {
       Value* v = valueOf(a);
-      if (!exactDtype(v->dtype)) throw NotExact{};
+      if (!exactDtype(v->dtype)) return fail();
       return of(*v);
     }
     if (a.isTensor()) {
-      if (a.toTensor().defined() && !exactDtype(a.toTensor().scalar_type())) throw NotExact{};
+      if (a.toTensor().defined() && !exactDtype(a.toTensor().scalar_type())) return fail();
       return a;
     }
     if (a.isDevice() && a.toDevice().type() != c10::kCPU) return c10::Device(c10::kCPU);
@@ -121,6 +137,8 @@ class HostEvaluator {
   }
 
   int budget_ = kHostEvalMaxNodes;
+  const bool dry_run_;
+  bool failed_ = false;
 };
 
 }  // namespace
@@ -130,11 +148,12 @@ at::Tensor hostValue(Value& value) {
   c10::AutoGradMode no_grad(false);
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-  try {
-    return HostEvaluator().of(value);
-  } catch (const NotExact&) {
-    return {};
-  }
+  HostEvaluator check(/*dry_run=*/true);
+  check.of(value);
+  if (check.failed()) return {};
+  HostEvaluator evaluate(/*dry_run=*/false);
+  at::Tensor out = evaluate.of(value);
+  return evaluate.failed() ? at::Tensor() : out;
 }
 
 bool keepsHostCopy(at::ScalarType dtype, int64_t nbytes) { return exactDtype(dtype) && nbytes <= kHostEvalMaxBytes; }

@@ -40,9 +40,8 @@ std::string Value::str() const {
 
 namespace {
 
-std::vector<ValuePtr> makeOutputs(Node* node, c10::ArrayRef<OutputSpec> specs) {
-  std::vector<ValuePtr> outputs;
-  outputs.reserve(specs.size());
+c10::SmallVector<ValuePtr, 2> makeOutputs(Node* node, c10::ArrayRef<OutputSpec> specs) {
+  c10::SmallVector<ValuePtr, 2> outputs;
   for (size_t i = 0; i < specs.size(); ++i) {
     outputs.push_back(c10::make_intrusive<Value>(specs[i].storage, specs[i].dtype, static_cast<uint32_t>(i), node));
   }
@@ -55,7 +54,6 @@ Node::Node(c10::OperatorHandle op_, const OpFacts& facts_, std::vector<c10::IVal
            c10::ArrayRef<OutputSpec> specs, std::vector<StoragePtr> writes_, int64_t seq_)
     : op(std::move(op_)), facts(facts_), args(std::move(args_)), outputs(makeOutputs(this, specs)),
       writes(std::move(writes_)), seq(seq_) {
-  inputs_.reserve(args.size());
   for (const c10::IValue& arg : args) forEachValue(arg, [&](Value* v) { inputs_.push_back(v); });
 }
 

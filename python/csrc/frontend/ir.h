@@ -20,6 +20,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <Python.h>
@@ -106,12 +107,12 @@ class Node final : public c10::intrusive_ptr_target {
   const c10::OperatorHandle op;
   const OpFacts& facts;  // what its schema says (op_facts.h)
   const std::vector<c10::IValue> args;
-  const std::vector<ValuePtr> outputs;
+  const c10::SmallVector<ValuePtr, 2> outputs;
   const std::vector<StoragePtr> writes;
   const int64_t seq;
 
   /// The Values this node reads, in argument order (a value read twice appears twice).
-  const std::vector<Value*>& inputs() const { return inputs_; }
+  c10::ArrayRef<Value*> inputs() const { return inputs_; }
   const c10::FunctionSchema& schema() const { return op.schema(); }
   /// "aten::add.Tensor" (no ".default").
   std::string opName() const;
@@ -121,7 +122,7 @@ class Node final : public c10::intrusive_ptr_target {
  private:
   Node(c10::OperatorHandle op, const OpFacts& facts, std::vector<c10::IValue> args, c10::ArrayRef<OutputSpec> outputs,
        std::vector<StoragePtr> writes, int64_t seq);
-  std::vector<Value*> inputs_;
+  c10::SmallVector<Value*, 4> inputs_;
 };
 
 using NodePtr = c10::intrusive_ptr<Node>;

@@ -26,6 +26,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <vector>
 
@@ -59,7 +60,7 @@ struct Recorded {
   Outcome outcome = Outcome::kPython;
   /// The tensors made for the outputs (for their Python objects), and the recording, whose
   /// runtime may have to run the pending graph now (Recording::wantsRun).
-  std::vector<at::Tensor> fresh;
+  c10::SmallVector<at::Tensor, 2> fresh;
   Recording* recording = nullptr;
   bool wants_run = false;  // Recording::wantsRun() after this call, read under the lock
 };

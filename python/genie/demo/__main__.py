@@ -136,6 +136,13 @@ def print_report(reports: list, args, counters: Counters, out) -> None:
     if not counters.available:
         print(f"counters: - ({counters.unavailable_reason})", file=out)
     for r in reports:
+        c = (r.get("device") or {}).get("counters") or {}
+        if "ops_recorded_cpp" in c:
+            total = c["ops_recorded_cpp"] + c["ops_handled_python"]
+            share = c["ops_recorded_cpp"] / total if total else 0.0
+            print(f"{r['model']}: ops per run recorded in C++ {c['ops_recorded_cpp']} of {total} ({share:.1%}), "
+                  f"handed to Python {c['ops_handled_python']} (reads and host transfers)", file=out)
+    for r in reports:
         for line in r.get("check_lines", []):
             print(line, file=out)
         if "error" in r:

@@ -19,7 +19,8 @@ import torch
 
 COUNTER_KEYS = ("bytes_sent", "bytes_received", "round_trips")
 # Reported too where the frontend has them.
-OPTIONAL_COUNTER_KEYS = ("messages_sent", "graphs_registered", "node_exec_us")
+OPTIONAL_COUNTER_KEYS = ("messages_sent", "graphs_registered", "node_exec_us", "ops_recorded_cpp",
+                         "ops_handled_python")
 
 
 def is_local(device: str) -> bool:

@@ -7,6 +7,9 @@
 #   tools/setup.sh            # install + build
 #   GENIE_CMAKE_ARGS="-DGENIE_WITH_CUDA=ON" tools/setup.sh
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the comment above, nothing run
+  sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 

@@ -2,6 +2,9 @@
 # Installs what is missing, builds, and runs every C++ (ctest) and Python (pytest) test.
 # The README's second command; .ci/run calls it.
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the comment above, nothing run
+  sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 tools/setup.sh

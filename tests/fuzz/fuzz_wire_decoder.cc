@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "genie/wire/codec.h"
@@ -141,3 +143,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)verifyMessage(header, payload_bytes, tight);
   return 0;
 }
+
+// `--help` (or `-h`): what this binary is and how to run it, then exit 0. libFuzzer parses the
+// rest of the command line itself (its flags are `-name=value`; `-help=1` lists them) and would
+// otherwise take `--help` for a corpus path and start fuzzing.
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  for (int i = 1; i < *argc; ++i) {
+    if (std::strcmp((*argv)[i], "--help") == 0 || std::strcmp((*argv)[i], "-h") == 0) {
+      std::printf(
+          "fuzz_wire_decoder: libFuzzer target for the wire decoder (verifyMessage, verifyGraph, checkGraph).\n"
+          "Input: 8 bytes little-endian payload_bytes, then the message header.\n"
+          "Usage: %s [libFuzzer flags, e.g. -max_total_time=60] [corpus dirs or files...]\n"
+          "       %s -help=1      libFuzzer's own flags\n"
+          "Seeds: make_seed_corpus <dir>; campaigns: perf/fuzz_campaign.sh.\n",
+          (*argv)[0], (*argv)[0]);
+      std::exit(0);
+    }
+  }
+  return 0;
+}
+

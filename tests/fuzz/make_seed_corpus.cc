@@ -1,6 +1,8 @@
 // Writes the seed corpus of fuzz_wire_decoder: one valid message of each Body type, plus the
 // sample Graph on its own, in the fuzzer's input format (8 bytes little-endian payload_bytes,
 // then the header). Usage: make_seed_corpus <dir>
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,11 +25,12 @@ bool writeSeed(const std::filesystem::path& path, uint64_t payload_bytes,
 
 int main(int argc, char** argv) {
   using namespace genie::wire;
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir(argv[1]);
+  CLI::App app{"Writes fuzz_wire_decoder's seed corpus: one valid message of each Body type and the sample "
+               "Graph, in the fuzzer's input format (8 bytes little-endian payload_bytes, then the header)."};
+  std::string dir_name;
+  app.add_option("dir", dir_name, "the corpus directory (made if missing; its seeds are overwritten)")->required();
+  CLI11_PARSE(app, argc, argv);
+  const std::filesystem::path dir(dir_name);
   std::filesystem::create_directories(dir);
   for (const auto& sample : samples::sampleMessages()) {
     auto verified = verifyMessage(bytesOf(sample.header), sample.payload_bytes);

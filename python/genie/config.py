@@ -97,6 +97,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GENIE_HOST_EVAL", "flag", "1",
             "answer a read of a small integer/bool value computed only from small integer uploads on the host "
             "(docs/frontend.md 'Host evaluation'); 0 sends every read to the node"),
+    Setting("GENIE_PROGRESS", "flag", "1",
+            "progress bars (tqdm, on standard error when it is a terminal) for transfers that take over a second: "
+            "module.to(device) / module.cpu() and reads of one tensor of 64 MiB or more, which then go in 16 MiB "
+            "slices (genie.progress); 0 turns them off"),
     Setting("GENIE_GC_FREEZE", "flag", "1",
             "at the first use of a remote device, gc.collect() then gc.freeze(): full collections then skip the "
             "400,000+ objects of torch, transformers and the model, which cost 260 ms every ~8 GPT-2 decode steps "

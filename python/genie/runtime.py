@@ -42,7 +42,7 @@ import warnings
 
 import torch
 
-from . import _C, config, host_eval  # noqa: F401 - host_eval: GENIE_HOST_EVAL applied at import
+from . import _C, config, host_eval, progress  # noqa: F401 - host_eval: GENIE_HOST_EVAL applied at import
 from . import recorder as _recorder
 from .connection import Connection
 from .errors import GenieConnectionError, GenieError
@@ -231,6 +231,8 @@ class Runtime(Connection, Uploads, RngOps):
         """The tensor's values on the host (runs what it depends on, in one request). A value the
         host can compute exactly (genie.host_eval) is answered without a request, unless
         asynchronous runs are in flight (their failures are reported at reads)."""
+        if progress.large_read(tensor):
+            return self._read_in_slices(tensor)
         value = self.value_of(tensor)
         host = self.recording.host_value(value) if not self.in_flight and self._deferred is None else None
         if host is not None:
@@ -248,6 +250,21 @@ class Runtime(Connection, Uploads, RngOps):
             if out.numel() == tensor.numel():
                 out = out.reshape(tensor.shape)
         return out
+
+    def _read_in_slices(self, tensor) -> torch.Tensor:
+        """The values of a large contiguous tensor (genie.progress.large_read), read in
+        progress.CHUNK_BYTES slices, one request each, with a progress bar: contiguous, on the
+        host, in the tensor's shape and dtype."""
+        flat = tensor.detach().view(-1)
+        out = torch.empty(flat.numel(), dtype=tensor.dtype)
+        size = tensor.element_size()
+        per = max(1, progress.CHUNK_BYTES // size)
+        with progress.bar(out.numel() * size, f"genie: reading {tuple(tensor.shape)} from {tensor.device}") as shown:
+            for start in range(0, out.numel(), per):
+                part = self.fetch(flat[start:start + per])
+                out[start:start + part.numel()].copy_(part.reshape(-1))
+                shown.update(part.numel() * size)
+        return out.view(tensor.shape)
 
     def describe(self, values: list[Value]) -> list[tuple]:
         """Runs the pending graph keeping `values` resident; returns their descriptors."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from . import _C, progress
 from .recorder import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
 aten = torch.ops.aten
@@ -27,9 +27,13 @@ def to_copy(func, args, kwargs):
         cpu = src.cpu() if _C.is_lazy(src) else src
         converted = _host_conversion(cpu, kwargs)
         # Keyed by the source's host bytes when nothing was converted (tied weights upload once).
-        return runtime_for(target).upload_tensor(converted, residency_of(src), source=cpu if converted is cpu else None)
+        uploaded = runtime_for(target).upload_tensor(converted, residency_of(src),
+                                                     source=cpu if converted is cpu else None)
+        progress.moved(src, target)  # a module's tensor: its module.to's bar
+        return uploaded
     # To the host (or another local device): fetch, then let PyTorch convert.
     fetched = runtime_of(src).fetch(src)
+    progress.moved(src, target)
     rest = {k: v for k, v in kwargs.items() if k not in ("non_blocking",)}
     if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
         return fetched

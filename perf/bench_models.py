@@ -17,12 +17,22 @@ Numbers are medians over the rounds.
 
 Counters (``genie.client_stats()``) are shown as "-" on a local device. The loaders and the
 run/check code are ``genie.demo``'s (python/genie/demo); this file is the CLI.
+
+History. A run on a device (not ``--quick``) appends its ratios (median, min, max of the
+per-round device/local ratios per model and for GPT-2's decode step), with its date, commit
+(``git rev-parse --short HEAD``, ``+`` when tracked files outside docs/ differ), machine and command,
+to ``--history`` (docs/perf/models_history.json), and draws them over the runs into ``--plot``
+(docs/perf/models_history.png); ``--no-history`` leaves both alone.
+
+    perf/bench_models.py --plot-only              # the PNG again from the history, nothing run
 """
 from __future__ import annotations
 
 import argparse
 import json
 import pathlib
+import shlex
+import subprocess
 import sys
 
 try:
@@ -35,8 +45,15 @@ import torch  # noqa: E402
 from genie.demo import harness, models  # noqa: E402
 from genie.demo.__main__ import prepare_device  # noqa: E402
 from genie.demo.measure import (COUNTER_KEYS, Counters, format_bytes, format_count, format_seconds,  # noqa: E402
-                                machine, median, median_counters)
+                                is_local, machine, median, median_counters)
 from genie.demo.table import print_table  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HISTORY = ROOT / "docs" / "perf" / "models_history.json"
+HISTORY_PLOT = ROOT / "docs" / "perf" / "models_history.png"
+# The history's series: key in a run's "ratios", legend label.
+SERIES = (("minilm", "MiniLM, embed 16 sentences"), ("gpt2_decode_step", "GPT-2 decode step (median step)"),
+          ("gpt2", "GPT-2 generate, 32 tokens"), ("resnet50", "ResNet-50, batch of 8"))
 
 
 def parse_args(argv=None):
@@ -48,6 +65,12 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, help="GPT-2 tokens to generate (default 32, --quick 4)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the local runs (default: torch's)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--history", metavar="PATH", type=pathlib.Path, default=HISTORY,
+                        help="history of the ratios, appended to (default: docs/perf/models_history.json)")
+    parser.add_argument("--plot", metavar="PATH", type=pathlib.Path, default=HISTORY_PLOT,
+                        help="the history's PNG (default: docs/perf/models_history.png)")
+    parser.add_argument("--no-history", action="store_true", help="append nothing to --history, draw no --plot")
+    parser.add_argument("--plot-only", action="store_true", help="draw --plot from --history; run nothing")
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(args.models) - set(models.MODEL_NAMES))
@@ -138,8 +161,94 @@ def print_results(results: list, args, counters: Counters, host: dict, out) -> N
           f"load {host['load_average_1m']}, torch {host['torch']}, {host['date']}", file=out)
 
 
+# --------------------------------------------------------------------------------------------
+# History of the ratios over runs, and its plot
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, with ``+`` when tracked files outside docs/ differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def ratio_summary(ratios: list) -> dict:
+    return {"median": median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def history_entry(results: list, host: dict, command: str) -> dict:
+    """One run for the history: date, commit, machine, command, and per series its ratio summary."""
+    ratios = {}
+    for r in results:
+        ratios[r["model"]] = ratio_summary(r["ratio"])
+        if "step" in r:
+            ratios["gpt2_decode_step"] = ratio_summary(r["step"]["ratio"])
+    return {"date": host["date"], "commit": git_commit(), "machine": f"{host['cpu_model']}, {host['cpu_count']} cores",
+            "command": command, "ratios": ratios}
+
+
+def append_history(path: pathlib.Path, entry: dict) -> dict:
+    history = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    history["runs"].append(entry)
+    path.write_text(json.dumps(history, indent=1) + "\n")
+    return history
+
+
+def run_label(run: dict) -> str:
+    """``MM-DD HH:MM`` (or ``MM-DD`` where the time is not known) and the commit, on two lines."""
+    date = run["date"]
+    when = date[5:10] + (" " + date[11:16] if len(date) > 10 else "")
+    return f"{when}\n{run['commit']}"
+
+
+def plot_history(history: dict, path: pathlib.Path) -> None:
+    """Device/local ratio per series over the runs (x: run, labelled by date and commit); bars: the
+    per-round min-max where the run has it; a dashed line where the machine's CPU changes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = history["runs"]
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.42 * len(runs) + 2), 5.5))
+    for number, (key, label) in enumerate(SERIES):
+        points = [(i, run["ratios"][key]) for i, run in enumerate(runs) if key in run["ratios"]]
+        if not points:
+            continue
+        offset = (number - 1.5) * 0.08  # side by side, so that the bars do not hide each other
+        x = [i + offset for i, _ in points]
+        y = [r["median"] for _, r in points]
+        below = [r["median"] - r["min"] if "min" in r else 0 for _, r in points]
+        above = [r["max"] - r["median"] if "max" in r else 0 for _, r in points]
+        ax.errorbar(x, y, yerr=(below, above), fmt="o-", ms=4, lw=1.2, elinewidth=0.8, capsize=2, alpha=0.9,
+                    label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    for i in range(1, len(runs)):
+        if runs[i]["machine"] != runs[i - 1]["machine"]:
+            ax.axvline(i - 0.5, color="black", ls="--", lw=0.8)
+            ax.text(i - 0.45, 0.02, runs[i]["machine"], transform=ax.get_xaxis_transform(), fontsize=7, va="bottom")
+    ax.set_xticks(range(len(runs)), [run_label(run) for run in runs], rotation=90, fontsize=7)
+    ax.set_xlim(-0.6, len(runs) - 0.4)
+    ax.set_ylabel("device / local time (median of rounds; bars: min-max)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(SERIES), frameon=False)
+    fig.suptitle(f"perf/bench_models.py: remote_accelerator:0 against the local CPU, {len(runs)} runs "
+                 f"(last: {runs[-1]['date'][:16].replace('T', ' ')}, commit {runs[-1]['commit']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.plot_only:
+        plot_history(json.loads(args.history.read_text()), args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+        return 0
+    command = shlex.join(["perf/bench_models.py", *(sys.argv[1:] if argv is None else argv)])
     harness.quiet_libraries()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,6 +273,11 @@ def main(argv=None) -> int:
             print(text)
         else:
             pathlib.Path(args.json).write_text(text + "\n")
+    if args.no_history or args.quick or is_local(args.device):
+        print("history: not recorded (--no-history, --quick or a local device)", file=sys.stderr)
+    else:
+        plot_history(append_history(args.history, history_entry(results, host, command)), args.plot)
+        print(f"history: appended to {args.history}, drawn into {args.plot}", file=sys.stderr)
     return 0 if all(r["passed"] for r in results) else 1
 
 

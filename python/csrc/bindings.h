@@ -35,6 +35,11 @@ int currentDevice();
 /// Makes `index` this thread's current device; c10::Error (a RuntimeError) past the device count.
 void setCurrentDevice(int index);
 
+/// Installs genie.device's accelerator hooks, which torch.accelerator reaches through the
+/// device guard (synchronize) and the device allocator (resident_stat, reset_peak_memory_stats,
+/// reset_accumulated_memory_stats, empty_cache, mem_get_info) (device_guard.cc).
+void setAcceleratorHooks(py::object hooks);
+
 /// The Python type name of `obj` ("int", "Tensor").
 inline std::string typeName(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
 

@@ -5,21 +5,48 @@
 // wrapper subclasses, python/genie/lazy.py): they own no local memory, so there are no
 // streams, events, pointers or pinned memory to manage here; the guard only tracks the
 // current device index.
+//
+// What the device-generic API (torch.accelerator) asks of the device beyond that is answered
+// in Python, by the hooks genie.device installs (set_accelerator_hooks): synchronizing a
+// device (the guard's synchronizeDevice: genie.synchronize) and the allocator's books (the
+// session's resident bytes on the node, as its replies report them; the node's free and
+// total memory). C++ calls them holding the GIL; their exceptions pass through as Python's.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
+
+#include "bindings.h"
 
 namespace genie::python {
 namespace {
 
 std::atomic<c10::DeviceIndex> g_device_count{1};
 thread_local c10::DeviceIndex t_current_device = 0;
+
+/// genie.device's accelerator hooks (a strong reference, kept for the process's life: PyTorch
+/// may call the allocator during interpreter shutdown, after a py::object would be destroyed).
+std::atomic<PyObject*> g_accelerator_hooks{nullptr};
+
+/// Calls `hooks.<name>(args...)` holding the GIL. A Python exception passes through
+/// (py::error_already_set); before genie registered its device, a c10::Error.
+template <typename... Args>
+py::object callHook(const char* name, Args&&... args) {
+  PyObject* hooks = g_accelerator_hooks.load();
+  TORCH_CHECK(hooks != nullptr, "remote_accelerator: ", name, " before genie registered the device (import genie)");
+  py::gil_scoped_acquire gil;
+  return py::reinterpret_borrow<py::object>(hooks).attr(name)(std::forward<Args>(args)...);
+}
 
 struct RemoteAcceleratorGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -59,6 +86,12 @@ struct RemoteAcceleratorGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   bool queryEvent(void* /*event*/) const override { return true; }
   void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
+
+  /// torch.accelerator.synchronize(i): runs device i's pending ops and waits for its
+  /// asynchronous runs (genie.synchronize). Raises what they raise (GenieRemoteError, ...).
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    callHook("synchronize", static_cast<int>(device_index < 0 ? t_current_device : device_index));
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, RemoteAcceleratorGuardImpl);
@@ -84,7 +117,13 @@ struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
 /// Python asks for one: `torch.UntypedStorage(n, device=...)`, `storage.to(device)`, and so
 /// `torch.load(f, map_location="remote_accelerator")`. This one raises a RuntimeError saying
 /// what to do instead. Zero bytes are allowed (an empty storage holds nothing).
-struct RemoteAcceleratorAllocator final : c10::Allocator {
+///
+/// As a c10::DeviceAllocator it keeps the books torch.accelerator reads (memory_allocated,
+/// max_memory_allocated, memory_stats, reset_peak_memory_stats, get_memory_info): the
+/// session's resident bytes on the node, through genie.device's hooks. There is no cache on
+/// either side (the node's own device allocator may cache: its figures are the node's), so
+/// reserved bytes are the allocated ones and emptyCache only sends the frees that wait.
+struct RemoteAcceleratorAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     TORCH_CHECK(n == 0, "remote_accelerator: a storage of ", n,
                 " bytes cannot be allocated on the device from the host (torch.UntypedStorage(device=...), "
@@ -96,6 +135,37 @@ struct RemoteAcceleratorAllocator final : c10::Allocator {
   }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t count) const override {
     TORCH_CHECK(count == 0, "remote_accelerator: device memory is not addressable from the host");
+  }
+
+  bool initialized() override { return g_accelerator_hooks.load() != nullptr; }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { callHook("empty_cache"); }
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // one stream per device
+
+  /// allocated_bytes, reserved_bytes and active_bytes ("all" and "large_pool"): the session's
+  /// resident bytes, {current, peak, allocated, freed} as genie.device's hooks report them.
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    py::gil_scoped_acquire gil;
+    py::dict r = callHook("resident_stat", static_cast<int>(device));
+    c10::CachingAllocator::Stat stat;
+    stat.current = r["current"].cast<int64_t>();
+    stat.peak = r["peak"].cast<int64_t>();
+    stat.allocated = r["allocated"].cast<int64_t>();
+    stat.freed = r["freed"].cast<int64_t>();
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    for (auto* array : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes}) {
+      (*array)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)] = stat;
+      (*array)[static_cast<size_t>(c10::CachingAllocator::StatType::LARGE_POOL)] = stat;
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    callHook("reset_accumulated_memory_stats", static_cast<int>(device));
+  }
+  void resetPeakStats(c10::DeviceIndex device) override { callHook("reset_peak_memory_stats", static_cast<int>(device)); }
+  /// (free, total) bytes of the node's device (a request: the node's Stats).
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    py::gil_scoped_acquire gil;
+    return callHook("mem_get_info", static_cast<int>(device)).cast<std::pair<size_t, size_t>>();
   }
 };
 
@@ -109,6 +179,11 @@ const bool g_hooks_registered = [] {
 }();
 
 }  // namespace
+
+void setAcceleratorHooks(py::object hooks) {
+  PyObject* previous = g_accelerator_hooks.exchange(hooks.release().ptr());
+  Py_XDECREF(previous);
+}
 
 void setDeviceCount(int count) { g_device_count.store(static_cast<c10::DeviceIndex>(count)); }
 

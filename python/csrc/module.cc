@@ -246,6 +246,17 @@ class PyClient {
   const std::string& device() const { return live().welcome().device; }
   const std::string& nodeName() const { return live().welcome().node_name; }
   uint64_t memoryLimit() const { return live().welcome().memory_limit; }
+  py::dict residentStat() const {
+    const client::ResidentStat r = live().residentStat();
+    py::dict out;
+    out["current"] = r.current;
+    out["peak"] = r.peak;
+    out["allocated"] = r.allocated;
+    out["freed"] = r.freed;
+    return out;
+  }
+  void resetResidentPeak() { live().resetResidentPeak(); }
+  void resetResidentAccumulated() { live().resetResidentAccumulated(); }
 
   void put(const py::list& items) {
     std::vector<OutgoingTensor> tensors;
@@ -285,11 +296,11 @@ class PyClient {
     return out;
   }
 
-  void free(const py::list& handles) {
+  void free(const py::list& handles, bool wait) {
     std::vector<wire::Handle> ids;
     for (size_t i = 0; i < handles.size(); ++i) ids.push_back(idOf<wire::Handle>(handles[i], at("free: handles", i)));
     if (ids.empty()) return;
-    check(withoutGil([&] { return live().freeTensors(ids, /*want_reply=*/false); }));
+    check(withoutGil([&] { return live().freeTensors(ids, /*want_reply=*/wait); }));
   }
 
   py::bytes registerGraph(const py::bytes& graph) {
@@ -502,6 +513,9 @@ class PyClient {
     out["bytes_out"] = s->bytes_out;
     out["memory_limit"] = s->memory_limit;
     out["uptime_us"] = s->uptime_us;
+    out["session_resident"] = s->session_resident;
+    out["device_free"] = s->device_free;
+    out["device_total"] = s->device_total;
     return out;
   }
 
@@ -626,6 +640,10 @@ PYBIND11_MODULE(_C, m) {
   bindDispatchKernel(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
+  m.def("set_accelerator_hooks", &setAcceleratorHooks, py::arg("hooks"),
+        "Installs the object whose methods answer torch.accelerator for remote_accelerator: "
+        "synchronize(i), resident_stat(i) -> {'current', 'peak', 'allocated', 'freed'}, "
+        "reset_peak_memory_stats(i), reset_accumulated_memory_stats(i), empty_cache(), mem_get_info(i) -> (free, total).");
   m.def("current_device", &currentDevice,
         "This thread's current remote_accelerator device index (c10's device guard: the one "
         "torch.remote_accelerator.device(i) and c10::DeviceGuard set; 0 at first).");
@@ -690,6 +708,13 @@ Every blocking method releases the GIL while it waits.
       .def_property_readonly("memory_limit", &PyClient::memoryLimit,
                              "This session's memory limit (bytes; 0 = unlimited): the smaller nonzero of "
                              "its quota and the node's limit.")
+      .def("resident_stat", &PyClient::residentStat,
+           "{'current', 'peak', 'allocated', 'freed'}: this session's resident bytes on the node as of the "
+           "last reply that reports them (put, free with a reply, a run, stats), their peak and running "
+           "totals since connecting or the resets. No round trip.")
+      .def("reset_resident_peak", &PyClient::resetResidentPeak, "The peak becomes the current bytes.")
+      .def("reset_resident_accumulated", &PyClient::resetResidentAccumulated,
+           "The running totals ('allocated', 'freed') start again at 0.")
       .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
       .def_readonly("completed_calls", &PyClient::completed_calls,
                     "How many put/get/register_graph/run_graph/run_graph_async calls returned.")
@@ -716,11 +741,13 @@ and storage_offset, wrapping the received buffer without a copy (the tensors of 
 it: it is freed when the last of them is). Raises GenieRemoteError (UnknownHandle),
 GenieConnectionError.
 )doc")
-      .def("free", &PyClient::free, py::arg("handles"), R"doc(
-free(handles: list[bytes]) -> None
+      .def("free", &PyClient::free, py::arg("handles"), py::arg("wait") = false, R"doc(
+free(handles: list[bytes], wait: bool = False) -> None
 
 Frees resident tensors: one-way FreeTensors (want_reply=false), no round trip; unknown handles
-are ignored by the node. Raises GenieConnectionError if the connection is already gone.
+are ignored by the node. With `wait`, waits for the node's Ack (a round trip), which reports
+the session's resident bytes after the frees (resident_stat). Raises GenieConnectionError if
+the connection is already gone.
 )doc")
       .def("register_graph", returning(&PyClient::registerGraph), py::arg("graph"), R"doc(
 register_graph(graph: bytes) -> bytes

@@ -3,10 +3,12 @@
 `register()` (run by `import genie`) does what PyTorch needs for a new device:
 - `torch.utils.rename_privateuse1_backend("remote_accelerator")`, so that
   `torch.device("remote_accelerator:0")` parses; `genie._C` registers its device guard;
-- `torch.remote_accelerator` (this module's device functions) via `torch._register_device_module`,
-  and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
+- `torch.remote_accelerator` (this module's device functions, and genie.accelerator's memory
+  and device-information functions) via `torch._register_device_module`, and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
 - the node's own operators `genie::manual_seed`, `genie::get_rng_state` and `genie::set_rng_state`,
   which `torch.manual_seed` and the device's RNG-state functions reach;
+- genie.accelerator's hooks, through which `torch.accelerator` (synchronize, memory_allocated,
+  memory_stats, get_memory_info, ...) reaches the device (genie._C.set_accelerator_hooks);
 - the recorder's PrivateUse1 kernel (genie._C, python/csrc/dispatch_kernel.cc): every op on a
   LazyTensor, and every factory with a remote_accelerator device, reaches it;
 - AutogradPrivateUse1 kernels for the composite ops kept whole (SDPA, LSTM, GRU), which take a
@@ -20,6 +22,7 @@ import types
 import torch
 
 from . import _C  # loading it registers the PrivateUse1 device guard, hooks and allocator
+from .accelerator import _device_of
 
 _registered = False
 _library = None
@@ -63,6 +66,10 @@ def _device_module() -> types.ModuleType:
     module.manual_seed_all = manual_seed_all
     module.get_rng_state = locked(lambda device=None: runtime_for(_device_of(device)).get_rng_state())
     module.set_rng_state = locked(lambda state, device=None: runtime_for(_device_of(device)).set_rng_state(state))
+    # Memory and device information as torch.cuda has them, from the node's figures (genie.accelerator).
+    from . import accelerator
+    for function in accelerator.FUNCTIONS:
+        setattr(module, function.__name__, function)
     return module
 
 
@@ -74,15 +81,6 @@ def _device_module() -> types.ModuleType:
 def _set_device(device) -> None:
     _C.set_current_device(_device_of(device).index)
 
-
-def _device_of(device) -> torch.device:
-    """`remote_accelerator:<i>` for None (the current device), an index, a string or a device."""
-    if device is None:
-        return torch.device("remote_accelerator", _C.current_device())
-    if isinstance(device, int):
-        return torch.device("remote_accelerator", device)
-    device = torch.device(device)
-    return torch.device("remote_accelerator", device.index if device.index is not None else _C.current_device())
 
 
 class _DeviceContext:
@@ -106,6 +104,10 @@ def register() -> None:
         return
     torch.utils.rename_privateuse1_backend("remote_accelerator")
     torch._register_device_module("remote_accelerator", _device_module())
+    # torch.accelerator's synchronize and memory functions reach genie through c10 (the device
+    # guard, the device allocator), which call these hooks.
+    from .accelerator import AcceleratorHooks
+    _C.set_accelerator_hooks(AcceleratorHooks())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     aten = torch.ops.aten
     _library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kernels for a new backend

@@ -210,14 +210,16 @@ class Runtime(Connection, Uploads, RngOps):
         self._raise_interrupt()
 
     def flush(self) -> None:
-        """Runs every live pending op and waits for the asynchronous runs (genie.synchronize)."""
+        """Runs every live pending op and waits for the asynchronous runs (genie.synchronize);
+        with nothing pending, sends the batched frees and waits for the node's Ack (so that
+        `memory_allocated` then counts them)."""
         self.recording.drain_dead()
         if self.recording.pending_count:
             self._execute([], [])
             return
         frees = self.recording.take_frees([]) if self.recording.has_released and self.client is not None else []
         if frees:
-            self._call("free", frees)
+            self._call("free", frees, True)  # waits: the Ack reports the resident bytes after them
             if self.lineage is not None:
                 self.lineage.free(frees)
         elif self.in_flight or self._deferred is not None:

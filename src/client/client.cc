@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -75,6 +76,17 @@ struct Client::Impl {
   std::atomic<uint64_t> round_trips{0};
   std::atomic<uint64_t> async_runs{0};
   std::atomic<uint64_t> node_exec_us{0};  // RunResult.exec_us summed
+  std::mutex resident_mutex;
+  ResidentStat resident;  // the session's resident bytes as the replies report them; under resident_mutex
+
+  /// A reply reported the session's resident bytes (Ack, RunResult, Stats).
+  void noteResident(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(resident_mutex);
+    if (bytes > resident.current) resident.allocated += bytes - resident.current;
+    if (bytes < resident.current) resident.freed += resident.current - bytes;
+    resident.current = bytes;
+    resident.peak = std::max(resident.peak, bytes);
+  }
   std::mutex pending_mutex;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending;
   // Asynchronous runs (runGraphAsync): how many await their reply, and the failures not yet
@@ -95,6 +107,8 @@ struct Client::Impl {
       return;
     }
     const wire::Message* msg = verified.value();
+    if (msg->body_type() == wire::Body::Ack) noteResident(msg->body_as_Ack()->session_resident());
+    if (msg->body_type() == wire::Body::RunResult) noteResident(msg->body_as_RunResult()->session_resident());
     std::shared_ptr<Pending> waiting;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
@@ -556,6 +570,21 @@ std::vector<AsyncFailure> Client::takeAsyncFailures(bool wait) {
   return out;
 }
 
+ResidentStat Client::residentStat() const {
+  std::lock_guard<std::mutex> lock(impl_->resident_mutex);
+  return impl_->resident;
+}
+
+void Client::resetResidentPeak() {
+  std::lock_guard<std::mutex> lock(impl_->resident_mutex);
+  impl_->resident.peak = impl_->resident.current;
+}
+
+void Client::resetResidentAccumulated() {
+  std::lock_guard<std::mutex> lock(impl_->resident_mutex);
+  impl_->resident.allocated = impl_->resident.freed = 0;
+}
+
 size_t Client::asyncInFlight() const {
   std::lock_guard<std::mutex> lock(impl_->pending_mutex);
   return impl_->async_in_flight;
@@ -577,6 +606,10 @@ Result<wire::StatsArgs> Client::stats() {
   out.bytes_out = s->bytes_out();
   out.memory_limit = s->memory_limit();
   out.uptime_us = s->uptime_us();
+  out.session_resident = s->session_resident();
+  out.device_free = s->device_free();
+  out.device_total = s->device_total();
+  impl_->noteResident(out.session_resident);
   return out;
 }
 

@@ -41,6 +41,16 @@ std::optional<std::string> NodeMemory::reserve(SessionMemory& session, uint64_t 
   return std::nullopt;
 }
 
+uint64_t NodeMemory::used() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+uint64_t NodeMemory::resident(const SessionMemory& session) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return session.resident;
+}
+
 void NodeMemory::release(SessionMemory& session, uint64_t bytes, wire::Residency residency) {
   std::lock_guard<std::mutex> lock(mutex_);
   session.resident -= bytes;

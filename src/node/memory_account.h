@@ -49,6 +49,10 @@ class NodeMemory {
   void endRun(SessionMemory& session);
 
   uint64_t limit() const { return limit_; }
+  /// Bytes in use now: every session's resident bytes plus the counted transient bytes.
+  uint64_t used() const;
+  /// `session`'s resident bytes now (what Ack, RunResult and Stats report to it).
+  uint64_t resident(const SessionMemory& session) const;
   /// Resident bytes by residency class (index = wire::Residency).
   void snapshot(uint64_t (&by_class)[4]) const;
 

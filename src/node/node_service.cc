@@ -1,6 +1,7 @@
 #include "genie/node/node_service.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/random.h>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -104,6 +106,11 @@ struct NodeService::Impl : NodeContext {
   void onEndpointError(const std::shared_ptr<Endpoint>& endpoint);
   /// Removes a session and ends it on another thread (progress thread).
   void endSession(const Endpoint* endpoint);
+  /// The device's free and total memory in bytes (Stats.device_free, device_total): with a
+  /// memory limit, the limit and what is left of it; else the host's MemAvailable and MemTotal
+  /// for a CPU node, the device allocator's getMemoryInfo for another (cudaMemGetInfo); 0 when
+  /// not known.
+  void deviceMemory(uint64_t& free, uint64_t& total) const;
   wire::StatsArgs collectStats() const override {
     wire::StatsArgs stats;
     stats.sessions = session_count.load();
@@ -116,9 +123,48 @@ struct NodeService::Impl : NodeContext {
     stats.bytes_out = worker->bytesSent();
     stats.memory_limit = memory.limit();
     stats.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
+    deviceMemory(stats.device_free, stats.device_total);
     return stats;
   }
 };
+
+namespace {
+
+/// `field` of /proc/meminfo ("MemTotal", "MemAvailable") in bytes; 0 where there is none.
+uint64_t hostMemInfo(const std::string& field) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> name >> kib >> unit) {
+    if (name == field + ":") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void NodeService::Impl::deviceMemory(uint64_t& free, uint64_t& total) const {
+  free = total = 0;
+  if (memory.limit() != 0) {  // the limit is what this node may use, whatever the device has
+    total = memory.limit();
+    const uint64_t used = memory.used();
+    free = used < total ? total - used : 0;
+    return;
+  }
+  if (device.is_cpu()) {
+    total = hostMemInfo("MemTotal");
+    free = hostMemInfo("MemAvailable");
+    return;
+  }
+  try {  // the device's allocator (the CUDA caching allocator: cudaMemGetInfo), through c10
+    auto [device_free, device_total] = c10::getDeviceAllocator(device.type())->getMemoryInfo(device.has_index() ? device.index() : 0);
+    free = device_free;
+    total = device_total;
+  } catch (const c10::Error& e) {
+    GENIE_LOG_WARN("the memory of {} is not known: {}", device.str(), e.what_without_backtrace());
+  }
+}
 
 void NodeService::Impl::onMessage(InboundMessage message) {
   std::shared_ptr<Endpoint> from = message.endpoint();

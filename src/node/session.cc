@@ -162,7 +162,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
   switch (msg.body_type()) {
     case wire::Body::PutTensors: {
       if (Status error = putTensors(message, *msg.body_as_PutTensors()); !error) return node.replyError(*endpoint_, id, error);
-      node.reply(*endpoint_, wire::buildAck(id, msg.body_as_PutTensors()->tensors()->size()));
+      node.reply(*endpoint_, wire::buildAck(id, msg.body_as_PutTensors()->tensors()->size(), node.memory.resident(memory)));
       return;
     }
     case wire::Body::GetTensors: return getTensors(id, *msg.body_as_GetTensors());
@@ -170,12 +170,16 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
       const auto* handles = msg.body_as_FreeTensors()->handles();
       uint32_t freed = 0;
       for (uint32_t i = 0; handles && i < handles->size(); ++i) freed += tensors.release(*handles->Get(i));
-      if (msg.body_as_FreeTensors()->want_reply()) node.reply(*endpoint_, wire::buildAck(id, freed));
+      if (msg.body_as_FreeTensors()->want_reply()) node.reply(*endpoint_, wire::buildAck(id, freed, node.memory.resident(memory)));
       return;
     }
     case wire::Body::RegisterGraph: return registerGraph(id, *msg.body_as_RegisterGraph());
     case wire::Body::RunGraph: return runGraph(id, message, *msg.body_as_RunGraph());
-    case wire::Body::StatsRequest: return node.reply(*endpoint_, wire::buildStats(id, node.collectStats()));
+    case wire::Body::StatsRequest: {
+      wire::StatsArgs stats = node.collectStats();
+      stats.session_resident = node.memory.resident(memory);
+      return node.reply(*endpoint_, wire::buildStats(id, stats));
+    }
     default:
       node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
                                       fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))));
@@ -273,7 +277,8 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
     slots.push_back(std::move(slot));
     contiguous.push_back(std::move(t));
   }
-  auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described) : wire::buildTensorData(id, slots);
+  auto header = run_result ? wire::buildRunResult(id, slots, exec_us, described, node.memory.resident(memory))
+                            : wire::buildTensorData(id, slots);
   if (!header) return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::Internal, header.status().message()));
   if (contiguous.size() == 1 && contiguous[0].defined() && layout.size() == contiguous[0].nbytes()) {
     auto keep = std::make_shared<at::Tensor>(contiguous[0]);

@@ -217,7 +217,8 @@ Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const Run
 Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
                                                    std::span<const TensorSlotArgs> outputs,
                                                    uint64_t exec_us,
-                                                   std::span<const TensorSlotArgs> described) {
+                                                   std::span<const TensorSlotArgs> described,
+                                                   uint64_t session_resident) {
   flatbuffers::FlatBufferBuilder fbb;
   auto slots = createTensorSlots(fbb, outputs);
   if (!slots) return slots.status();
@@ -227,7 +228,7 @@ Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
     if (!d) return GENIE_ERROR(kInvalidArgument, "described: {}", d.status().message());
     described_vec = *d;
   }
-  return finished(fbb, request_id, CreateRunResult(fbb, *slots, exec_us, described_vec));
+  return finished(fbb, request_id, CreateRunResult(fbb, *slots, exec_us, described_vec, session_resident));
 }
 
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,
@@ -247,9 +248,9 @@ flatbuffers::DetachedBuffer buildError(uint64_t request_id, const Status& status
   return buildError(request_id, errorCodeOf(status), status.message());
 }
 
-flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count) {
+flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count, uint64_t session_resident) {
   flatbuffers::FlatBufferBuilder fbb;
-  return finished(fbb, request_id, CreateAck(fbb, count));
+  return finished(fbb, request_id, CreateAck(fbb, count, session_resident));
 }
 
 flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id) {
@@ -264,7 +265,8 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
     resident.push_back(CreateResidentBytes(fbb, residency, bytes));
   }
   auto body = CreateStats(fbb, s.sessions, fbb.CreateVector(resident), s.graphs_cached,
-                          s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us);
+                          s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
+                          s.session_resident, s.device_free, s.device_total);
   return finished(fbb, request_id, body);
 }
 

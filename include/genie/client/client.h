@@ -77,6 +77,14 @@ struct ClientCounters {
   uint64_t node_exec_us = 0;    // the node's execution time of every answered RunGraph (RunResult.exec_us), µs
 };
 
+/// A session's resident bytes on its node as the node's replies report them (bytes).
+struct ResidentStat {
+  uint64_t current = 0;    // as of the last reply that reports it
+  uint64_t peak = 0;       // the largest reported since connecting or resetResidentPeak
+  uint64_t allocated = 0;  // increases summed since connecting or resetResidentAccumulated
+  uint64_t freed = 0;      // decreases summed, likewise
+};
+
 /// A RunGraph sent with runGraphAsync that failed (see Client::takeAsyncFailures).
 struct AsyncFailure {
   uint64_t request_id = 0;  // as runGraphAsync returned it
@@ -148,6 +156,12 @@ class Client {
   Status ping();
   /// Traffic so far (any thread).
   ClientCounters counters() const;
+  /// This session's resident bytes on the node as of the last reply that reports them (Ack,
+  /// RunResult, Stats), with their peak and running totals since connecting or the resets:
+  /// no round trip (torch.remote_accelerator.memory_allocated). Any thread.
+  ResidentStat residentStat() const;
+  void resetResidentPeak();
+  void resetResidentAccumulated();
   /// Says Goodbye and closes. Idempotent; also done by the destructor.
   void close();
 

@@ -277,6 +277,9 @@ struct StatsArgs {
   uint64_t bytes_out = 0;
   uint64_t memory_limit = 0;
   uint64_t uptime_us = 0;
+  uint64_t session_resident = 0;  // bytes the asking session holds resident
+  uint64_t device_free = 0;       // bytes free on the node's device (0: not known)
+  uint64_t device_total = 0;      // bytes of the node's device (0: not known)
 };
 
 /// Binds graph input `input` to resident `handle`, or (when `inline_tensor` is set) to a
@@ -331,14 +334,17 @@ Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const Run
 Result<flatbuffers::DetachedBuffer> buildRunResult(uint64_t request_id,
                                                    std::span<const TensorSlotArgs> outputs,
                                                    uint64_t exec_us,
-                                                   std::span<const TensorSlotArgs> described = {});
+                                                   std::span<const TensorSlotArgs> described = {},
+                                                   uint64_t session_resident = 0);
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, ErrorCode code,
                                        std::string_view message, int32_t op_index = -1,
                                        std::string_view op_name = {}, std::string_view error_class = {});
 /// The Error reply for a failed Status: its RemoteDetail when it has one, else its code's
 /// nearest ErrorCode (errorCodeOf) and its message.
 flatbuffers::DetachedBuffer buildError(uint64_t request_id, const Status& status);
-flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count);
+/// `session_resident`: the bytes the session holds resident after the request (Ack and
+/// RunResult carry it, so the client knows its use without asking).
+flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count, uint64_t session_resident = 0);
 flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id);
 flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& stats);
 flatbuffers::DetachedBuffer buildPing(uint64_t request_id, uint64_t timestamp_ns);

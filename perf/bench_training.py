@@ -3,34 +3,78 @@
 
 GPT-2 from a small config (4 layers, 4 heads, 256 wide, 5000-token vocabulary, SDPA attention,
 dropout as configured), batch 4 x 64 tokens, AdamW, tied embeddings re-tied after `.to`.
-Median of 10 steps after 3 warm-up steps per side, two rounds; for the device, the traffic of
-the last step (bytes sent and received, round trips).
+Median of `--steps` steps after 3 warm-up steps per side, `--rounds` rounds; for the device, the
+traffic of the last step (bytes sent and received, round trips).
 
     UCX_NET_DEVICES=lo HF_HUB_OFFLINE=1 .venv/bin/python perf/bench_training.py
 """
-import time, statistics, torch, genie, transformers, warnings
-warnings.simplefilter("ignore")
-from genie.runtime import runtime_for
-DEV = "remote_accelerator:0"
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+DEVICE = "remote_accelerator:0"
+WARMUP_STEPS = 3
+
+
 def gpt2():
+    import torch
+    import transformers
+
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=5000, n_positions=128, attn_implementation="sdpa")
-    return transformers.GPT2LMHeadModel(cfg)
-ids = torch.randint(0, 5000, (4, 64), generator=torch.Generator().manual_seed(1))
-def bench(dev, steps=10):
-    m = gpt2().to(dev); m.tie_weights(); m.train()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    x = ids.to(dev); times = []
-    rt = runtime_for(torch.device(DEV)) if dev != "cpu" else None
-    for i in range(steps + 3):
-        c0 = rt.counters() if rt else None
-        t = time.perf_counter()
-        opt.zero_grad(); loss = m(input_ids=x, labels=x).loss; loss.backward(); opt.step(); loss.item()
-        if i >= 3: times.append(time.perf_counter() - t)
-        c1 = rt.counters() if rt else None
-    per = {k: c1[k] - c0[k] for k in ("bytes_sent", "bytes_received", "round_trips")} if rt else {}
-    return statistics.median(times) * 1e3, per
-for r in range(2):
-    lc, _ = bench("cpu"); ld, per = bench(DEV)
-    print(f"round {r}: local {lc:.1f} ms, remote {ld:.1f} ms, ratio {ld/lc:.2f}, per step {per}")
-print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    config = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=5000, n_positions=128,
+                                     attn_implementation="sdpa")
+    return transformers.GPT2LMHeadModel(config)
+
+
+def bench(device: str, ids, steps: int) -> tuple[float, dict]:
+    """Median step time (ms) on `device`, and the last step's traffic (device only)."""
+    import torch
+    from genie.runtime import runtime_for
+
+    model = gpt2().to(device)
+    model.tie_weights()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = ids.to(device)
+    runtime = runtime_for(torch.device(device)) if device != "cpu" else None
+    times, before, after = [], None, None
+    for i in range(steps + WARMUP_STEPS):
+        before = runtime.counters() if runtime else None
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+        after = runtime.counters() if runtime else None
+    traffic = {k: after[k] - before[k] for k in ("bytes_sent", "bytes_received", "round_trips")} if runtime else {}
+    return statistics.median(times) * 1e3, traffic
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per side and round (default 10)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each local then remote (default 2)")
+    args = parser.parse_args()
+
+    import torch
+    import genie  # noqa: F401 - registers remote_accelerator
+
+    warnings.simplefilter("ignore")
+    ids = torch.randint(0, 5000, (4, 64), generator=torch.Generator().manual_seed(1))
+    for r in range(args.rounds):
+        local, _ = bench("cpu", ids, args.steps)
+        remote, traffic = bench(DEVICE, ids, args.steps)
+        print(f"round {r}: local {local:.1f} ms, remote {remote:.1f} ms, ratio {remote / local:.2f}, "
+              f"per step {traffic}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+
+if __name__ == "__main__":
+    main()

@@ -480,6 +480,7 @@ def markdown(meta: dict, files: dict, top: int = 12) -> str:
         "the same file with `PYTORCH_TESTING_DEVICE_ONLY_FOR=cpu`; the device run with "
         "`PYTORCH_TESTING_DEVICE_ONLY_FOR=remote_accelerator` and `import genie` before the suite.",
         f"- Pass rate = (passed + xfailed) / tests that ran (not skipped); target >= {100 * TARGET:.0f}% per file.",
+        *[f"- {n}" for n in meta.get("notes", [])],
         "",
         "## Per file",
         "",
@@ -557,6 +558,8 @@ def main(argv=None) -> int:
     p.add_argument("--lock", help="hold an flock on this file while each file runs (e.g. /tmp/genie-perf.lock)")
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "genie-conformance"),
                    help="pytest logs and event files (default $TMPDIR/genie-conformance)")
+    p.add_argument("--note", action="append", default=[],
+                   help="a line for the report's notes (repeatable): what was not run and why, where files came from")
     p.add_argument("--quiet", action="store_true")
     # The worker mode: perf/conformance.py runs itself, once per file and device.
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -573,10 +576,11 @@ def main(argv=None) -> int:
 
     os.makedirs(a.log_dir, exist_ok=True)
     out_json = os.path.splitext(a.out)[0] + ".json"
-    previous = {}
+    previous, previous_meta = {}, {}
     if a.merge and os.path.exists(out_json):
         with open(out_json) as f:
-            previous = json.load(f).get("files", {})
+            loaded = json.load(f)
+        previous, previous_meta = loaded.get("files", {}), loaded.get("meta", {})
     devices = DEVICES if a.device == "both" else (a.device,)
     sources = read_sources(a.pytorch_tests)
     files: dict[str, dict] = {name: dict(f) for name, f in previous.items()}
@@ -617,8 +621,12 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "torch_git": (torch.version.git_version or "")[:12],
         "source": "; ".join(described),
         "command": shlex.join([".venv/bin/python", "perf/conformance.py"] + (argv if argv is not None else sys.argv[1:])),
-        "timeout_s": a.timeout_s, "test_timeout_s": a.test_timeout_s, "target": TARGET,
+        "timeout_s": a.timeout_s, "test_timeout_s": a.test_timeout_s, "target": TARGET, "notes": a.note,
     }
+    names = [x.strip() for x in a.files.split(",") if x.strip()]
+    if not names and previous_meta:  # a re-render (--merge --files ''): the measurement's own facts stay
+        meta.update({k: previous_meta[k] for k in ("date", "commit", "machine", "command", "timeout_s",
+                                                    "test_timeout_s") if k in previous_meta})
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(out_json, "w") as f:
         json.dump({"meta": meta, "files": files}, f, indent=1, default=str)

@@ -342,6 +342,16 @@ size_t warmupFor(const BenchOptions& options, size_t iterations) {
   return std::max<size_t>(iterations / 10, 10);
 }
 
+}  // namespace
+
+size_t bandwidthWindow(const BenchOptions& options, size_t size) {
+  size_t window = std::max<size_t>(options.window, 1);
+  if (options.window_bytes == 0) return window;
+  return std::clamp<size_t>(options.window_bytes / std::max<size_t>(size, 1), 1, window);
+}
+
+namespace {
+
 Result<BenchResult> runLatency(ClientState& client, Endpoint& endpoint, size_t size, size_t iterations,
                                size_t warmup, bool rate_test, size_t window) {
   RegisteredBuffer payload;
@@ -377,6 +387,7 @@ Result<BenchResult> runLatency(ClientState& client, Endpoint& endpoint, size_t s
   result.size = size;
   result.iterations = iterations;
   result.rate_per_s = iterations / seconds;
+  result.window = in_flight;
   result.latency_us = rate_test ? seconds * 1e6 / iterations : seconds * 1e6 / iterations / 2;
   result.bandwidth_mbs = rate_test ? 0 : size * iterations * 2 / seconds / (1 << 20);
   return result;
@@ -422,6 +433,7 @@ Result<BenchResult> runBandwidth(ClientState& client, Endpoint& endpoint, size_t
   result.test = "bandwidth";
   result.size = size;
   result.iterations = iterations;
+  result.window = window;
   result.bandwidth_mbs = bytes / seconds / (1 << 20);
   result.rate_per_s = iterations / seconds;
   result.latency_us = seconds * 1e6 / iterations;
@@ -482,7 +494,9 @@ Result<std::vector<BenchResult>> runBenchClient(Worker& worker, Endpoint& endpoi
       switch (test) {
         case BenchTest::kLatency: result = runLatency(client, endpoint, size, iterations, warmup, false, 1); break;
         case BenchTest::kRate: result = runLatency(client, endpoint, 0, iterations, warmup, true, options.window); break;
-        case BenchTest::kBandwidth: result = runBandwidth(client, endpoint, size, iterations, warmup, options.window); break;
+        case BenchTest::kBandwidth:
+          result = runBandwidth(client, endpoint, size, iterations, warmup, bandwidthWindow(options, size));
+          break;
         case BenchTest::kPut:
         case BenchTest::kGet: result = runTensor(client, endpoint, test, size, iterations, warmup); break;
       }

@@ -5,9 +5,9 @@
 // their worker's progress on the calling thread (busy polling, as ucx_perftest does), and
 // every message is a verified Genie wire message (schemas/genie.fbs):
 //   latency     Ping/Pong with a `size`-byte payload each way; half the round trip (µs)
-//   bandwidth   a stream of BenchData messages with `size`-byte payloads, `window` in flight;
-//               measured at the receiver (BenchReport), MB/s with MB = 2^20 bytes as
-//               ucx_perftest reports it
+//   bandwidth   a stream of BenchData messages with `size`-byte payloads, `window` in flight
+//               (fewer for large payloads: `window_bytes`); measured at the receiver
+//               (BenchReport), MB/s with MB = 2^20 bytes as ucx_perftest reports it
 //   put / get   PutTensors / GetTensors of one `size`-byte tensor into / out of the server's
 //               registered store, answered by Ack / TensorData: round trip (µs) and MB/s
 //   rate        empty Ping/Pong request/response, `window` in flight: requests per second
@@ -31,6 +31,12 @@ std::string_view benchTestName(BenchTest test);
 /// "latency" -> kLatency, ... Errors: kInvalidArgument naming the unknown test.
 Result<BenchTest> parseBenchTest(std::string_view name);
 
+/// The defaults were chosen by measurement (docs/perf/transport.md, 2026-11-25,
+/// perf/scripts/sweep_bench_defaults.py): on loopback tcp and sm, windows of 8 to 64 messages
+/// and runs of 256 MiB to 4 GiB gave the same bandwidth at 64 KiB and 1 MiB within the
+/// machine's noise; 64 MiB messages with 4 GiB in flight failed on tcp every time (the
+/// receiver's liveness check, transport/src/worker_internal.h, gives parallel rendezvous
+/// receives the time of one), while 2 to 4 messages (128-256 MiB) are as fast as 32.
 struct BenchOptions {
   std::vector<BenchTest> tests{BenchTest::kLatency, BenchTest::kBandwidth};
   std::vector<size_t> sizes{8, size_t{1} << 20};  // bytes
@@ -40,13 +46,20 @@ struct BenchOptions {
   /// Unmeasured iterations first; 0 picks 10% of the iterations (at least 10).
   size_t warmup = 0;
   /// Messages in flight for bandwidth and rate.
-  size_t window = 16;
+  size_t window = 32;
+  /// Payload bytes in flight for bandwidth at most (bytes): the window shrinks to
+  /// max(1, window_bytes / size) for large payloads. 0: no bound.
+  size_t window_bytes = size_t{256} << 20;
 };
+
+/// Messages in flight for a bandwidth stream of `size`-byte payloads under `options`.
+size_t bandwidthWindow(const BenchOptions& options, size_t size);
 
 struct BenchResult {
   std::string test;         // benchTestName
   size_t size = 0;          // payload bytes
   size_t iterations = 0;
+  size_t window = 1;        // messages in flight (bandwidth, rate)
   double latency_us = 0;    // per message (half round trip for latency; round trip for put/get)
   double bandwidth_mbs = 0; // MB/s, MB = 2^20 bytes
   double rate_per_s = 0;    // messages (or requests) per second

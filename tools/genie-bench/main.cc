@@ -42,9 +42,16 @@ int main(int argc, char** argv) {
   app.add_option("-s,--sizes", sizes, "payload sizes: 8, 64K, 1M = 1MiB = 2^20 bytes, 1MB = 10^6 (K, G alike)")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("-n,--iterations", options.iterations, "measured iterations per test and size (0: by size)");
-  app.add_option("-w,--warmup", options.warmup, "warm-up iterations (0: 10% of iterations)");
+  app.add_option("-n,--iterations", options.iterations,
+                 "measured iterations per test and size (0: by size, about 1 GiB moved, 100 to 100,000)")
+      ->capture_default_str();
+  app.add_option("-w,--warmup", options.warmup, "warm-up iterations (0: 10% of iterations, at least 10)")
+      ->capture_default_str();
   app.add_option("--window", options.window, "messages in flight for bandwidth and rate")->capture_default_str();
+  std::string window_bytes = fmt::format("{}M", options.window_bytes >> 20);
+  app.add_option("--window-bytes", window_bytes,
+                 "bandwidth: payload bytes in flight at most, the window shrinks for large sizes (0: no bound)")
+      ->capture_default_str();
   app.add_flag("--json", json, "print results as a JSON array of objects");
   app.add_flag("--print-config", print_config, "print the effective data-plane configuration and exit");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
@@ -71,6 +78,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.tests.push_back(*test);
+  }
+  if (auto bytes = genie::parseByteSize(window_bytes); bytes) {
+    options.window_bytes = *bytes;
+  } else {
+    std::fprintf(stderr, "genie-bench: %s\n", bytes.status().message().c_str());
+    return 2;
   }
   options.sizes.clear();
   for (const auto& text : sizes) {
@@ -122,6 +135,7 @@ int main(int argc, char** argv) {
       out.push_back({{"test", r.test},
                      {"size", r.size},
                      {"iterations", r.iterations},
+                     {"window", r.window},
                      {"latency_us", r.latency_us},
                      {"bandwidth_mbs", r.bandwidth_mbs},
                      {"rate_per_s", r.rate_per_s},

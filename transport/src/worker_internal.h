@@ -11,12 +11,14 @@
 namespace genie::transport {
 
 /// A rendezvous receive of `bytes` from the peer starts (progress thread): its silence is not
-/// held against it while the data may still be flowing (EndpointState::bulk_until). The
-/// receive's completion decrements bulk_receives.
-inline void noteBulkReceive(EndpointState& from, size_t bytes) {
+/// held against it while the data may still be flowing (EndpointState::bulk_until). Receives
+/// in flight together share the link, so each adds its own time at kMinBulkBytesPerSecond to
+/// what is still allowed (64 messages of 64 MiB: 64 s, not the 1 s of one). The receive's
+/// completion decrements bulk_receives.
+inline void noteBulkReceive(EndpointState& from, size_t bytes,
+                            EndpointState::Clock::time_point now = EndpointState::Clock::now()) {
   ++from.bulk_receives;
-  auto until = EndpointState::Clock::now() + std::chrono::milliseconds(bytes * 1000 / kMinBulkBytesPerSecond);
-  from.bulk_until = std::max(from.bulk_until, until);
+  from.bulk_until = std::max(from.bulk_until, now) + std::chrono::milliseconds(bytes * 1000 / kMinBulkBytesPerSecond);
 }
 
 /// That receive completed or failed (progress thread).

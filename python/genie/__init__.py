@@ -20,7 +20,15 @@ from .lazy import LazyTensor
 
 _device.register()
 
+
+def compile_stats() -> dict:
+    """What `torch.compile(backend="genie")` did in this process: graphs, recompiles, graph
+    breaks, and which engine ran each part (genie.compile.stats; docs/compile.md)."""
+    from .compile import stats  # not at import: it loads torch._dynamo
+    return stats()
+
+
 __all__ = [
     "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "LazyTensor", "capture",
-    "client_stats", "device_count", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
+    "client_stats", "compile_stats", "device_count", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
 ]

@@ -63,6 +63,11 @@ class LazyTensor(torch.Tensor):
         node = self._value.node
         return [] if node is None else node.inputs()
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """AOTAutograd (torch.compile) traced the backward with plain tensors, and a LazyTensor
+        is one to it (no Python dispatch key): a gradient arriving as a LazyTensor is used as it is."""
+        return self if expected_type in (None, torch.Tensor) else None
+
     # Methods PyTorch does not send through the dispatcher for a remote device.
     def numpy(self, *, force: bool = False):
         """Materializes: the tensor's values as a NumPy array (a copy on the host)."""

@@ -1,0 +1,264 @@
+"""The `genie` Dynamo backend: Dynamo's FX graph -> AOTAutograd's aten graphs -> parts -> runners.
+
+    compiled = torch.compile(model, backend="genie", options={"node": 0})
+
+1. `backend(gm, example_inputs, mode, options)` is what Dynamo calls once per graph it captured
+   (a first compile, a recompile, each side of a graph break). Inputs on remote_accelerator:N
+   run on that device; inputs on the CPU (a model whose parameters are on the CPU) run on
+   `remote_accelerator:<node>`: each call moves the CPU tensors there (`tensor.to(device)`: a
+   parameter is uploaded once and stays resident, shared with the eager path, by genie.uploads'
+   weight cache; small activations travel inline with the run) and moves the outputs back, so
+   the call returns what eager CPU returns.
+2. AOTAutograd (`torch._dynamo.backends.common.aot_autograd`) turns the graph into aten graphs:
+   forward and backward when a gradient flows, one inference graph otherwise; in-place updates
+   of inputs are kept in the inference graph (`keep_inference_input_mutations`).
+3. `compile_graph` splits each aten graph (genie.compile.partition): node parts become
+   `ExecutorPart`s, the rest stays in the outer graph as `EagerOp`s, Genie's eager path.
+4. Runners. This slice has one engine for node parts, the executor fallback: the part's FX
+   graph runs on the LazyTensors, so its ops are recorded as eager's are and go to the node in
+   one request at the next read (a repeated call reuses the registered graph). A compiled engine
+   (AOT Inductor packages on the node) replaces `ExecutorPart.run`.
+
+`stats()` reports the graphs, recompiles, graph breaks and which engine ran each part.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_map
+
+from .. import _C
+from . import fake
+from .options import CompileOptions, parse_options
+from .partition import is_part, partition, retarget_devices
+
+_DEVICE = "remote_accelerator"
+
+
+# ---- what ran -------------------------------------------------------------------------------
+
+@dataclass
+class Part:
+    """One part of a compiled aten graph: `engine` "executor" (a node part, the executor
+    fallback) or "eager" (one op Genie's eager path runs: a host read, a Python custom op);
+    `ops` its FX nodes; `calls` how many times it ran."""
+
+    name: str
+    engine: str
+    ops: list[str]
+    calls: int = 0
+
+
+@dataclass
+class CompiledGraph:
+    """One aten graph the backend compiled: `kind` "forward", "backward" or "inference";
+    `compile_id` Dynamo's ("0/1": frame 0, its second compile)."""
+
+    compile_id: str
+    kind: str
+    device: str
+    parts: list[Part] = field(default_factory=list)
+
+
+@dataclass
+class _Books:
+    dynamo_graphs: int = 0  # backend calls: Dynamo graphs
+    recompiles: int = 0     # of them, compiles of a frame compiled before (guards failed)
+    graphs: list[CompiledGraph] = field(default_factory=list)
+    graph_breaks_at_start: int = 0
+
+
+_books = _Books()
+
+
+def _graph_breaks() -> int:
+    return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
+def stats() -> dict:
+    """What the backend did in this process: `dynamo_graphs` (graphs Dynamo handed to it),
+    `recompiles` (of them, recompiles of a frame), `graph_breaks` (Dynamo's graph breaks since
+    the first genie compile, all backends), `aten_graphs` (forward/backward/inference graphs
+    compiled), `parts` and `calls` by engine ("executor", "eager"), and `graphs`: per aten graph,
+    its compile id, kind, device and parts (name, engine, ops, calls)."""
+    parts: dict[str, int] = {"executor": 0, "eager": 0}
+    calls: dict[str, int] = {"executor": 0, "eager": 0}
+    for graph in _books.graphs:
+        for part in graph.parts:
+            parts[part.engine] += 1
+            calls[part.engine] += part.calls
+    return {
+        "dynamo_graphs": _books.dynamo_graphs,
+        "recompiles": _books.recompiles,
+        "graph_breaks": _graph_breaks() - _books.graph_breaks_at_start if _books.dynamo_graphs else 0,
+        "aten_graphs": len(_books.graphs),
+        "parts": parts,
+        "calls": calls,
+        "graphs": [{"compile_id": g.compile_id, "kind": g.kind, "device": g.device,
+                    "parts": [{"name": p.name, "engine": p.engine, "ops": list(p.ops), "calls": p.calls}
+                              for p in g.parts]} for g in _books.graphs],
+    }
+
+
+def reset_stats() -> None:
+    """Forgets what `stats()` counted (not the compiled graphs: torch._dynamo.reset() does that)."""
+    global _books
+    _books = _Books()
+
+
+# ---- runners --------------------------------------------------------------------------------
+
+class ExecutorPart(torch.nn.Module):
+    """A node part run by the executor fallback: its FX graph runs on the LazyTensors, which
+    records its aten ops (one request at the next read, by graph id once registered)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, part: Part) -> None:
+        super().__init__()
+        self.gm = gm
+        self.part = part
+
+    def forward(self, *args):
+        self.part.calls += 1
+        return self.run(*args)
+
+    def run(self, *args):
+        return self.gm(*args)
+
+
+class EagerOp:
+    """An op the node cannot run as part of a graph: called as eager calls it (Genie's eager
+    path: a host read materializes, a Python custom op runs its Python implementation)."""
+
+    def __init__(self, target, part: Part) -> None:
+        self.target = target
+        self.part = part
+        self.__name__ = f"eager_{getattr(target, '__name__', 'op')}"
+
+    def __call__(self, *args, **kwargs):
+        self.part.calls += 1
+        return self.target(*args, **kwargs)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: torch.device):
+    """AOTAutograd's compiler for one aten graph: partitions it and installs the runners.
+    Returns the callable AOTAutograd calls with the graph's inputs."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    graph = CompiledGraph(str(compile_id) if compile_id is not None else "?", kind, str(device))
+    split = partition(gm)
+    for name, module in list(split.named_children()):
+        if is_part(name):
+            part = Part(name, "executor", [str(n.target) for n in module.graph.nodes if n.op == "call_function"])
+            setattr(split, name, ExecutorPart(module, part))
+            graph.parts.append(part)
+    for node in split.graph.nodes:
+        if node.op == "call_function" and not _is_plumbing(node.target):
+            part = Part(f"eager_{len(graph.parts)}", "eager", [str(node.target)])
+            node.target = EagerOp(node.target, part)
+            graph.parts.append(part)
+    split.recompile()
+    _books.graphs.append(graph)
+    return make_boxed_func(split.forward)  # AOTAutograd's calling convention: one list, freed as it goes
+
+
+def _is_plumbing(target) -> bool:
+    import operator
+    return target is operator.getitem
+
+
+# ---- the backend ----------------------------------------------------------------------------
+
+def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """Dynamo's backend `genie` (the `torch_dynamo_backends` entry point). Returns the callable
+    Dynamo runs for `gm`. Raises ValueError for unknown options (genie.compile.options), and
+    when `options["node"]` differs from the device of remote inputs."""
+    opts = parse_options(mode, options)
+    fake.install()  # installed by `import genie.compile`; again for a backend() called directly
+    _note_dynamo_graph()
+    remote = _remote_device(example_inputs)
+    if remote is not None:
+        if opts.node is not None and opts.node != remote.index:
+            raise ValueError(f"torch.compile(backend='genie'): options['node']={opts.node} but the inputs are on "
+                             f"{remote}")
+        return _aot(gm, example_inputs, remote)
+    target = torch.device(_DEVICE, opts.node if opts.node is not None else _C.current_device())
+    return _HostInputs(_compile_for_host_inputs(gm, example_inputs, target), target)
+
+
+def _note_dynamo_graph() -> None:
+    if _books.dynamo_graphs == 0:
+        _books.graph_breaks_at_start = _graph_breaks()
+    _books.dynamo_graphs += 1
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is not None and getattr(compile_id, "frame_compile_id", 0):
+        _books.recompiles += 1
+
+
+def _remote_device(example_inputs) -> torch.device | None:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == _DEVICE:
+            return x.device
+    return None
+
+
+def _aot(gm, example_inputs, device: torch.device):
+    compiler = functools.partial(compile_graph, device=device)
+    return aot_autograd(fw_compiler=functools.partial(compiler, kind="forward"),
+                        bw_compiler=functools.partial(compiler, kind="backward"),
+                        inference_compiler=functools.partial(compiler, kind="inference"),
+                        keep_inference_input_mutations=True)(gm, example_inputs)
+
+
+def _compile_for_host_inputs(gm, example_inputs, target: torch.device):
+    """A graph traced on CPU inputs, compiled for `target`: its CPU factory calls name `target`,
+    and AOTAutograd traces it on FakeTensors of the inputs moved to `target`."""
+    retarget_devices(gm, target)
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+
+    def moved(x):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return x
+        if not isinstance(x, FakeTensor):  # a parameter Dynamo passes as it is
+            x = fake_mode.from_tensor(x, static_shapes=True)
+        with fake_mode:
+            y = x.detach().to(target)
+        return y.requires_grad_(x.requires_grad)
+
+    return _aot(gm, [moved(x) for x in example_inputs], target)
+
+
+class _HostInputs:
+    """Runs a graph compiled for `target` on CPU inputs: moves them to `target`, and the outputs
+    back to the CPU, as eager CPU returns them. Both moves are differentiable: gradients reach
+    the CPU parameters. A parameter is uploaded once (genie.uploads' weight cache, keyed by its
+    host bytes and version, the cache `module.to` uses too): this runner holds the uploaded
+    value, so it stays resident between calls, until the parameter changes (an optimizer step
+    on the CPU) or the runner is freed."""
+
+    def __init__(self, compiled, target: torch.device) -> None:
+        self.compiled = compiled
+        self.target = target
+        # id(parameter) -> (a weak reference to it, its uploaded value, detached)
+        self._held: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def __call__(self, *args):
+        moved = [self._move(a) for a in args]
+        out = self.compiled(*moved)
+        return tree_map(lambda o: o.to("cpu") if isinstance(o, torch.Tensor) and o.device == self.target else o,
+                        out)
+
+    def _move(self, a):
+        if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
+            return a
+        moved = a.to(self.target)
+        if isinstance(a, torch.nn.Parameter):
+            if len(self._held) >= 4096:  # forget the parameters that are gone
+                self._held = {k: e for k, e in self._held.items() if e[0]() is not None}
+            self._held[id(a)] = (weakref.ref(a), moved.detach())
+        return moved

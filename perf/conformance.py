@@ -113,9 +113,14 @@ class _Recorder:
     def pytest_runtest_makereport(self, item, call):
         info = {"when": call.when, "duration": call.duration}
         if call.excinfo is not None:
-            info["exc_type"] = call.excinfo.type.__name__
+            error = call.excinfo.value
+            # assertEqual's "Comparing ... resulted in the unexpected exception above": the cause is the one above.
+            inner = error.__cause__ or error.__context__
+            if inner is not None and str(error).startswith("Comparing"):
+                error = inner
+            info["exc_type"] = type(error).__name__
             try:
-                info["message"] = str(call.excinfo.value)[:2000]
+                info["message"] = str(error)[:2000]
             except Exception:  # noqa: BLE001 - a message that fails to print
                 info["message"] = "<unprintable message>"
             info["genie_frame"] = _genie_frame(call.excinfo.tb)
@@ -313,11 +318,16 @@ _DTYPE = re.compile(r"\b(torch\.)?(float|int|uint|complex|bfloat|qint|quint)\d+(
                     r"long|short|cfloat|cdouble|chalf|bfloat16)\b")
 
 
+# The lines torch's TestCase appends to a failure: how to rerun it, not its cause.
+_REPRO_LINES = ("To execute this test", "PYTORCH_TEST_WITH", "python test/", "This message can be suppressed")
+
+
 def normalize_message(exc_type: str, message: str, limit: int = 160) -> str:
     """`exc_type: first line` with numbers, shapes, dtypes and addresses replaced, so that one
     cause in many tests (or dtypes, or sizes) makes one group."""
-    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
-    if lines and (lines[0].endswith(("not close!", "not equal!")) or len(lines[0]) < 24) and len(lines) > 1:
+    lines = [ln.strip() for ln in (message or "").splitlines()
+             if ln.strip() and not ln.strip().startswith(_REPRO_LINES)]
+    if lines and (lines[0].endswith(("not close!", "not equal!")) or len(lines[0]) < 16) and len(lines) > 1:
         line = lines[0] + " " + lines[1]
     else:
         line = lines[0] if lines else ""

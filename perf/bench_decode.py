@@ -31,7 +31,6 @@ import json
 import math
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -184,18 +183,6 @@ def generate_steps(workload, model, device: str, counters, client: ClientClock |
     return {"seconds": seconds, "steps": clock.steps(), "ids": ids.cpu()[0].tolist()}
 
 
-def git_commit() -> str:
-    """``git rev-parse --short HEAD``, with ``+`` when tracked files outside docs/ differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
-                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+" if dirty else "")
-
-
 def measure(args) -> dict:
     """Warm-ups, then ``args.rounds`` rounds of (local, device); the JSON document."""
     try:
@@ -206,6 +193,8 @@ def measure(args) -> dict:
     from genie.demo import harness, models
     from genie.demo.__main__ import prepare_device
     from genie.demo.measure import Counters, is_local, machine
+
+    import bench_models  # perf/, beside this script: the commit as its history records it
 
     harness.quiet_libraries()
     if args.threads:
@@ -232,7 +221,7 @@ def measure(args) -> dict:
     ids_equal = all(r["local"]["ids"] == r["device"]["ids"] for r in rounds)
     return {
         "benchmark": "GPT-2 124M generate, per step: device against local eager, and the device's traffic",
-        "date": host["date"], "commit": git_commit(), "machine": host, "device": args.device,
+        "date": host["date"], "commit": bench_models.git_commit(), "machine": host, "device": args.device,
         "command": f"perf/bench_decode.py --tokens {args.tokens} --rounds {args.rounds}"
                    + (f" --threads {args.threads}" if args.threads else ""),
         "tokens": args.tokens, "prompt_tokens": int(workload.prompt.shape[1]), "rounds_count": args.rounds,

@@ -39,7 +39,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import signal
@@ -455,17 +454,10 @@ def git_blob_id(path: str) -> str:
 
 # ---- report ------------------------------------------------------------------------------------
 
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+def _machine() -> str:
+    """The CPU, cores and kernel, as perf/op_coverage.py reports them."""
+    import op_coverage  # perf/, beside this script (imports torch)
+    return op_coverage.machine()
 
 
 def _cell(text: str) -> str:
@@ -627,7 +619,7 @@ def main(argv=None) -> int:
     meta = {
         "date": datetime.date.today().isoformat(),
         "commit": _git_head(),
-        "machine": a.machine or machine(),
+        "machine": a.machine or _machine(),
         "torch": torch.__version__, "torch_git": (torch.version.git_version or "")[:12],
         "source": "; ".join(described),
         "command": shlex.join([".venv/bin/python", "perf/conformance.py"] + (argv if argv is not None else sys.argv[1:])),

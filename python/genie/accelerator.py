@@ -44,17 +44,15 @@ def _device_of(device) -> torch.device:
 
 def _client(device):
     """The connected client of `device` (None: its node was never used, or it is disconnected)."""
-    index = _device_of(device).index
-    for runtime in all_runtimes():
-        if runtime.index == index:
-            return runtime.client
-    return None
+    runtime = _runtime(device)
+    return runtime.client if runtime is not None else None
 
 
 _NO_STAT = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
 
 
 def _runtime(device):
+    """The runtime of `device` (None: its node was never used)."""
     index = _device_of(device).index
     for runtime in all_runtimes():
         if runtime.index == index:

@@ -516,6 +516,11 @@ class PyClient {
     out["session_resident"] = s->session_resident;
     out["device_free"] = s->device_free;
     out["device_total"] = s->device_total;
+    out["package_calls"] = s->package_calls;
+    out["executor_calls"] = s->executor_calls;
+    out["packages_built"] = s->packages_built;
+    out["packages_loaded"] = s->packages_loaded;
+    out["compile_failures"] = s->compile_failures;
     return out;
   }
 

@@ -17,6 +17,7 @@ import atexit
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class EmbeddedNode:
         # The node's stdin is a pipe only this process writes to: when this process ends in any
         # way (killed by a signal included), the pipe closes and the node shuts itself down.
         args += ["--watch-fd", "0"]
+        # torch.compile's parts are compiled on the node by a worker in this interpreter, which
+        # has genie and torch (src/node/compiled_parts.h).
+        env.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)
         self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
                                         text=True, env=env)
         line = self._read_line(timeout_s=30.0)

@@ -98,6 +98,11 @@ class _DeviceContext:
         _C.set_current_device(self.previous)
 
 
+def _call_graph_meta(graph: str, outputs: list[int], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    from .compile.compiler import part_meta
+    return part_meta(graph, inputs)
+
+
 def register() -> None:
     global _registered, _library
     if _registered:
@@ -116,6 +121,10 @@ def register() -> None:
     _genie_library.define("manual_seed(Device device, int seed) -> ()")
     _genie_library.define("get_rng_state(Device device) -> Tensor")
     _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")
+    # A compiled part (genie.compile, src/node/compiled_parts.h): one op of the recorded graph;
+    # its outputs' shapes come from the part's FX graph run on meta tensors.
+    _genie_library.define("call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]")
+    _genie_library.impl("call_graph", _call_graph_meta, "Meta")
     # Composite ops kept whole: the recorder's PrivateUse1 kernel stops PyTorch from decomposing
     # them, so the node runs its fused kernel and the graph shows attention as such. A kernel for
     # a composite op has no derivative, so its AutogradPrivateUse1 kernel takes a differentiable

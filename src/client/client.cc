@@ -609,6 +609,11 @@ Result<wire::StatsArgs> Client::stats() {
   out.session_resident = s->session_resident();
   out.device_free = s->device_free();
   out.device_total = s->device_total();
+  out.package_calls = s->package_calls();
+  out.executor_calls = s->executor_calls();
+  out.packages_built = s->packages_built();
+  out.packages_loaded = s->packages_loaded();
+  out.compile_failures = s->compile_failures();
   impl_->noteResident(out.session_resident);
   return out;
 }

@@ -9,14 +9,21 @@ Result<GraphRegistry::Registered> GraphRegistry::add(std::span<const std::byte> 
   if (!compiled) return compiled.status();
   std::lock_guard<std::mutex> lock(mutex_);
   // Another session may have registered the same graph meanwhile: the first one kept stays.
-  auto [it, added] = graphs_.emplace(id, *compiled);
-  return Registered{id, it->second};
+  auto [it, added] = graphs_.emplace(
+      id, Kept{*compiled, std::make_shared<const std::string>(reinterpret_cast<const char*>(bytes.data()), bytes.size())});
+  return Registered{id, it->second.graph};
 }
 
 std::shared_ptr<const CompiledGraph> GraphRegistry::find(const wire::GraphId& id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = graphs_.find(id);
-  return it == graphs_.end() ? nullptr : it->second;
+  return it == graphs_.end() ? nullptr : it->second.graph;
+}
+
+std::shared_ptr<const std::string> GraphRegistry::bytesOf(const wire::GraphId& id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = graphs_.find(id);
+  return it == graphs_.end() ? nullptr : it->second.bytes;
 }
 
 size_t GraphRegistry::size() const {

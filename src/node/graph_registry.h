@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -35,13 +36,19 @@ class GraphRegistry {
   Result<Registered> add(std::span<const std::byte> bytes, const wire::Graph& graph);
   /// The graph kept under `id`, or nullptr.
   std::shared_ptr<const CompiledGraph> find(const wire::GraphId& id) const;
+  /// The FlatBuffers bytes of the graph kept under `id`, or nullptr (the compile worker's input).
+  std::shared_ptr<const std::string> bytesOf(const wire::GraphId& id) const;
   /// Graphs kept.
   size_t size() const;
 
  private:
   const Executor& executor_;
   mutable std::mutex mutex_;
-  std::unordered_map<wire::GraphId, std::shared_ptr<const CompiledGraph>, wire::GraphIdHash, wire::GraphIdEqual> graphs_;
+  struct Kept {
+    std::shared_ptr<const CompiledGraph> graph;
+    std::shared_ptr<const std::string> bytes;
+  };
+  std::unordered_map<wire::GraphId, Kept, wire::GraphIdHash, wire::GraphIdEqual> graphs_;
 };
 
 }  // namespace genie::node

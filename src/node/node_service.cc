@@ -97,7 +97,8 @@ struct NodeService::Impl : NodeContext {
   }
   bool stopped = false;
 
-  Impl(const NodeConfig& c, c10::Device d) : NodeContext(d, c.memory_limit, c.session_memory_limit), config(c) {}
+  Impl(const NodeConfig& c, c10::Device d)
+      : NodeContext(d, c.memory_limit, c.session_memory_limit, c.compile), config(c) {}
 
   /// The reaper thread: ends the sessions handed to it, one at a time, until stop().
   void reapEndedSessions();
@@ -124,6 +125,12 @@ struct NodeService::Impl : NodeContext {
     stats.memory_limit = memory.limit();
     stats.uptime_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count();
     deviceMemory(stats.device_free, stats.device_total);
+    const auto counts = compiled.counts();
+    stats.package_calls = counts.package_calls;
+    stats.executor_calls = counts.executor_calls;
+    stats.packages_built = counts.packages_built;
+    stats.packages_loaded = counts.packages_loaded;
+    stats.compile_failures = counts.failures;
     return stats;
   }
 };

@@ -26,6 +26,7 @@
 #include "genie/transport/message.h"
 #include "genie/transport/worker.h"
 #include "genie/wire/codec.h"
+#include "compiled_parts.h"
 #include "graph_registry.h"
 #include "memory_account.h"
 #include "tensor_store.h"
@@ -35,13 +36,18 @@ namespace genie::node {
 /// The node as its sessions see it (NodeService's implementation is one): its device,
 /// executor, graph registry, memory accounts, worker, counters, and how replies go out.
 struct NodeContext {
-  NodeContext(c10::Device device, uint64_t memory_limit, uint64_t session_memory_limit)
-      : device(device), executor(device), memory(memory_limit), session_memory_limit(session_memory_limit) {}
+  NodeContext(c10::Device device, uint64_t memory_limit, uint64_t session_memory_limit, const CompileConfig& compile)
+      : device(device),
+        executor(device),
+        compiled(executor, graphs, compile),
+        memory(memory_limit),
+        session_memory_limit(session_memory_limit) {}
   virtual ~NodeContext() = default;
 
   c10::Device device;
   Executor executor;
   GraphRegistry graphs{executor};
+  CompiledParts compiled;  // genie::call_graph (torch.compile's parts)
   NodeMemory memory;
   const uint64_t session_memory_limit;  // each session's quota, bytes; 0: the node's limit only
   std::shared_ptr<transport::Worker> worker;

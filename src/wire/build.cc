@@ -266,7 +266,8 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
   }
   auto body = CreateStats(fbb, s.sessions, fbb.CreateVector(resident), s.graphs_cached,
                           s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
-                          s.session_resident, s.device_free, s.device_total);
+                          s.session_resident, s.device_free, s.device_total, s.package_calls,
+                          s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures);
   return finished(fbb, request_id, body);
 }
 

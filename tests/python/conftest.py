@@ -26,6 +26,9 @@ def free_port():
 
 # The C++ extension's tests talk to a real genie-node over loopback (as tools/test.sh does).
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
+# The embedded node's compiled packages (torch.compile(backend="genie")): kept in the build tree
+# between test runs, never in the user's cache.
+os.environ.setdefault("GENIE_NODE_COMPILE_CACHE", str(ROOT / "build" / "test-compile-cache"))
 
 
 @pytest.fixture

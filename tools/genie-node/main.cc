@@ -145,6 +145,27 @@ int main(int argc, char** argv) {
                  "SIGTERM; -1: none")
       ->envname("GENIE_NODE_WATCH_FD")
       ->capture_default_str();
+  genie::node::CompileConfig compile;
+  std::string compile_cache_size = "4G";
+  app.add_option("--compile-engine", compile.engine,
+                 "how torch.compile's parts run: aoti (AOT Inductor packages built by a compile worker, the "
+                 "executor meanwhile) or executor (op by op, never compiled)")
+      ->envname("GENIE_NODE_COMPILE_ENGINE")
+      ->check(CLI::IsMember({"aoti", "executor"}))
+      ->capture_default_str();
+  app.add_option("--compile-cache", compile.cache_dir,
+                 "directory of compiled packages (created mode 0700); default $XDG_CACHE_HOME/genie-node/packages "
+                 "or ~/.cache/genie-node/packages")
+      ->envname("GENIE_NODE_COMPILE_CACHE");
+  app.add_option("--compile-cache-size", compile_cache_size,
+                 std::string("size limit of the package cache (least recently used deleted first)") + kSizeHelp)
+      ->envname("GENIE_NODE_COMPILE_CACHE_SIZE")
+      ->capture_default_str();
+  app.add_option("--compile-python", compile.python,
+                 "the Python interpreter that runs the compile worker (python -m genie.compile.worker; it must "
+                 "import genie and torch)")
+      ->envname("GENIE_NODE_COMPILE_PYTHON")
+      ->capture_default_str();
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print every setting that has an environment variable (NAME=value  # flag, default: help) and exit");
@@ -210,6 +231,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "genie-node: --watch-fd %d is not an open file descriptor\n", watch_fd);
     return 2;
   }
+  auto cache_size = genie::parseByteSize(compile_cache_size);
+  if (!cache_size) {
+    std::fprintf(stderr, "genie-node: --compile-cache-size: %s\n", cache_size.status().message().c_str());
+    return 2;
+  }
+  compile.cache_bytes = *cache_size;
+  config.compile = compile;
   config.transport = *transport;
   config.memory_limit = *limit;
   config.session_memory_limit = *session_limit;

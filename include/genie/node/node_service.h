@@ -28,6 +28,19 @@
 
 namespace genie::node {
 
+/// How compiled parts run (torch.compile(backend="genie"); src/node/compiled_parts.h).
+struct CompileConfig {
+  /// "aoti": build and run AOT Inductor packages; "executor": run every part by the executor.
+  std::string engine = "aoti";
+  /// Where packages are cached (mode 0700); empty: $XDG_CACHE_HOME/genie-node/packages, else
+  /// $HOME/.cache/genie-node/packages.
+  std::string cache_dir;
+  /// The cache's size limit in bytes (least recently used packages deleted first).
+  uint64_t cache_bytes = 4ull << 30;
+  /// The Python interpreter that runs the compile worker (it must import genie and torch).
+  std::string python = "python3";
+};
+
 struct NodeConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 0;              // 0: any free port (NodeService::port tells which)
@@ -45,6 +58,7 @@ struct NodeConfig {
   /// large (bytes); a larger one closes it without its payload being received.
   size_t pre_session_max_bytes = 4096;
   std::string name = "genie-node";
+  CompileConfig compile;
   transport::WorkerConfig transport;
 };
 

@@ -280,6 +280,11 @@ struct StatsArgs {
   uint64_t session_resident = 0;  // bytes the asking session holds resident
   uint64_t device_free = 0;       // bytes free on the node's device (0: not known)
   uint64_t device_total = 0;      // bytes of the node's device (0: not known)
+  uint64_t package_calls = 0;     // compiled parts run by an AOT Inductor package
+  uint64_t executor_calls = 0;    // compiled parts run by the executor
+  uint64_t packages_built = 0;
+  uint64_t packages_loaded = 0;
+  uint64_t compile_failures = 0;
 };
 
 /// Binds graph input `input` to resident `handle`, or (when `inline_tensor` is set) to a

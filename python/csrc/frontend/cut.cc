@@ -196,7 +196,9 @@ double doubleOf(const c10::IValue& x) { return x.isDouble() ? x.toDouble() : sta
 /// (Value::lower_epoch, lower_id) under this lowering's epoch.
 class Lowering {
  public:
-  explicit Lowering(Lowered& out) : out_(out), epoch_(nextEpoch()) {
+  /// `capture`: lowering a captured part (capturePart): inputs may be pending and weights are
+  /// bound per call like any input.
+  explicit Lowering(Lowered& out, bool capture = false) : out_(out), epoch_(nextEpoch()), capture_(capture) {
     out_.epoch = epoch_;
     key_.reserve(4096);
   }
@@ -204,11 +206,11 @@ class Lowering {
   void addInput(Value* v) {
     if (v->lower_epoch == epoch_) return;
     if (v->lost()) throw LostInput(ValuePtr::reclaim_copy(v));
-    TORCH_CHECK(v->handle.has_value(), "value ", v->str(), " is neither pending nor resident (lost)");
+    TORCH_CHECK(capture_ || v->handle.has_value(), "value ", v->str(), " is neither pending nor resident (lost)");
     const auto id = static_cast<uint32_t>(out_.inputs.size());
     v->lower_epoch = epoch_;
     v->lower_id = id;
-    if (v->residency == kWeight) {  // a weight's handle is part of the structure: bound in the graph
+    if (v->residency == kWeight && !capture_) {  // a weight's handle is part of the structure: bound in the graph
       out_.inputs.push_back({LoweredInput::kWeight, ValuePtr::reclaim_copy(v), {}});
       inputs_key_.insert(inputs_key_.end(), {kWeightInput, static_cast<int64_t>(v->handle->hi()),
                                              static_cast<int64_t>(v->handle->lo())});
@@ -247,7 +249,7 @@ class Lowering {
       key_.insert(key_.end(), {kOutputRef, static_cast<int64_t>(v->lower_id & ~Value::kProduced)});
       return;
     }
-    TORCH_CHECK(!v->pending() || v->lost(), "value ", v->str(), " is pending but its op is not in the cut");
+    TORCH_CHECK(capture_ || !v->pending() || v->lost(), "value ", v->str(), " is pending but its op is not in the cut");
     addInput(v);
     key_.insert(key_.end(), {kInputRef, static_cast<int64_t>(v->lower_id)});
   }
@@ -298,6 +300,7 @@ class Lowering {
 
   Lowered& out_;
   const uint32_t epoch_;
+  const bool capture_;
   uint32_t produced_ = 0;
   std::vector<int64_t> inputs_key_;
   std::vector<int64_t> key_;
@@ -312,6 +315,57 @@ Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& ex
   for (const NodePtr& node : nodes) lowering.node(*node);
   lowering.finish();
   return out;
+}
+
+std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
+                                                    const std::vector<ValuePtr>& inputs,
+                                                    const std::vector<ValuePtr>& outputs) {
+  // The nodes between: from the outputs back through producers, stopping at the inputs.
+  const uint32_t epoch = nextEpoch();
+  std::unordered_set<const Storage*> input_storages;
+  for (const ValuePtr& v : inputs) {
+    v->needed_epoch = epoch;
+    input_storages.insert(v->storage.get());
+  }
+  std::unordered_set<const Node*> reached;
+  std::vector<Value*> stack;
+  for (const ValuePtr& v : outputs) {
+    if (input_storages.count(v->storage.get()) != 0) return "output " + v->str() + " aliases an input";
+    stack.push_back(v.get());
+  }
+  while (!stack.empty()) {
+    Value* v = stack.back();
+    stack.pop_back();
+    if (v->needed_epoch == epoch) continue;
+    v->needed_epoch = epoch;
+    if (v->lost()) return "value " + v->str() + " is lost";
+    if (!v->pending()) return "value " + v->str() + " is resident but not an input of the part";
+    if (!reached.insert(v->producer).second) continue;
+    for (Value* in : v->producer->inputs()) stack.push_back(in);
+  }
+  std::vector<NodePtr> nodes;
+  for (const NodePtr& node : pending) {
+    if (reached.count(node.get()) == 0) continue;
+    for (const StoragePtr& s : node->writes) {
+      if (input_storages.count(s.get()) != 0) return node->opName() + " writes an input";
+    }
+    nodes.push_back(node);
+  }
+  if (nodes.size() != reached.size()) return "an op of the part is not pending";
+  Lowered lowered;
+  Lowering lowering(lowered, /*capture=*/true);
+  for (const ValuePtr& v : inputs) lowering.addInput(v.get());
+  for (const NodePtr& node : nodes) lowering.node(*node);
+  lowering.finish();
+  CapturedPart part;
+  for (const ValuePtr& v : inputs) part.input_ids.push_back(lowered.idOf(v.get()));
+  for (const LoweredInput& input : lowered.inputs) {
+    if (input.kind == LoweredInput::kInline) part.inline_inputs.push_back(input.tensor);
+  }
+  for (const ValuePtr& v : outputs) part.output_ids.push_back(lowered.idOf(v.get()));
+  part.num_nodes = nodes.size();
+  part.graph = encodeGraph(nodes, lowered, {});
+  return part;
 }
 
 uint32_t Lowered::idOf(const Value* v) const {

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "frontend/ir.h"
@@ -82,6 +83,23 @@ Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& ex
 /// The wire Graph of a lowered cut, with the numbers at `lifted` positions as scalar inputs
 /// (slot i for the i-th lifted position). Verified (wire::verifyGraph) before it is returned.
 std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted);
+
+/// A part of a compiled graph (genie.compile), captured once from the ops that computed it.
+struct CapturedPart {
+  std::string graph;                     // the wire Graph: no scalar inputs, no bound handles
+  std::vector<uint32_t> input_ids;       // graph input id of each given input (repeats share one)
+  std::vector<at::Tensor> inline_inputs;  // 0-dim host tensors the ops read: the inputs after the given ones
+  std::vector<uint32_t> output_ids;      // wire value id of each given output
+  size_t num_nodes = 0;
+};
+/// The pending nodes that compute `outputs` from `inputs` (pending or resident values), lowered
+/// with the inputs as graph inputs 0..n-1 (weights too: a part is bound per call) and every
+/// number as a literal. A reason instead when the part cannot stand alone: an output aliases an
+/// input, an op writes an input, or a value it reads is neither an input nor made by its ops.
+/// The nodes stay pending (they run as recorded).
+std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
+                                                    const std::vector<ValuePtr>& inputs,
+                                                    const std::vector<ValuePtr>& outputs);
 
 /// Step 4: registered graphs by structure, per connection.
 class GraphCache {

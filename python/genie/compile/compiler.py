@@ -88,8 +88,8 @@ def stats() -> dict:
     the first genie compile, all backends), `aten_graphs` (forward/backward/inference graphs
     compiled), `parts` and `calls` by engine ("executor", "eager"), and `graphs`: per aten graph,
     its compile id, kind, device and parts (name, engine, ops, calls)."""
-    parts: dict[str, int] = {"executor": 0, "eager": 0}
-    calls: dict[str, int] = {"executor": 0, "eager": 0}
+    parts: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
+    calls: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
     for graph in _books.graphs:
         for part in graph.parts:
             parts[part.engine] += 1
@@ -115,21 +115,90 @@ def reset_stats() -> None:
 
 # ---- runners --------------------------------------------------------------------------------
 
+# graph id (hex) -> (the part's FX graph, argument k -> its graph input): genie::call_graph's
+# meta kernel runs the FX graph on meta tensors to describe the outputs.
+_part_graphs: dict[str, tuple[torch.fx.GraphModule, list[int]]] = {}
+
+
+def part_meta(graph: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """genie::call_graph's meta kernel: the outputs of part `graph` for meta `inputs` (graph
+    input order), each a fresh tensor (a call's outputs own their storage)."""
+    gm, input_of_arg = _part_graphs[graph]
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        out = gm(*[inputs[i] for i in input_of_arg])
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    return [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta") for o in out]
+
+
 class ExecutorPart(torch.nn.Module):
-    """A node part run by the executor fallback: its FX graph runs on the LazyTensors, which
-    records its aten ops (one request at the next read, by graph id once registered)."""
+    """A node part. Its first call runs the FX graph on the LazyTensors (its aten ops are
+    recorded and run as eager's are) and captures those ops as one graph, registered on the
+    node (`_C` Recording.capture_part). Every later call records one op,
+    `genie::call_graph(graph, outputs, inputs)`, which the node runs by an AOT Inductor package
+    or, until it is built, by its executor (src/node/compiled_parts.h); nothing of the part is
+    recorded or sent again. A part that cannot stand alone (an output aliases an input, an op
+    writes an input, an argument that is not a remote tensor) keeps running its FX graph; `why`
+    says why."""
 
     def __init__(self, gm: torch.fx.GraphModule, part: Part) -> None:
         super().__init__()
         self.gm = gm
         self.part = part
+        self.graph: str | None = None      # the registered graph id (32 hex digits)
+        self.output_ids: list[int] = []
+        self.arg_of_input: list[int] = []  # graph input i is argument arg_of_input[i] ...
+        self.constants: list[torch.Tensor] = []  # ... or, past the arguments, a constant
+        self.tuple_output = True
+        self.why: str | None = None
+        self.captured = False
 
     def forward(self, *args):
         self.part.calls += 1
-        return self.run(*args)
+        if self.graph is not None:
+            return self.call(args)
+        out = self.gm(*args)
+        if not self.captured:
+            self.captured = True
+            self.why = self._capture(args, out)
+            self.part.engine = "node" if self.why is None else "recorded"
+        return out
 
-    def run(self, *args):
-        return self.gm(*args)
+    def call(self, args):
+        inputs = [args[i] for i in self.arg_of_input] + self.constants
+        out = torch.ops.genie.call_graph(self.graph, self.output_ids, inputs)
+        return tuple(out) if self.tuple_output else out[0]
+
+    def _capture(self, args, out) -> str | None:
+        """Captures the part just recorded (see the class docstring); a reason when it cannot."""
+        from ..runtime import lock, runtime_for
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not all(_C.is_lazy(a) for a in args) or not all(_C.is_lazy(o) for o in outs):
+            return "an argument or a result is not a remote tensor"
+        devices = {a.device for a in args} | {o.device for o in outs}
+        if len(devices) != 1:
+            return f"tensors on {len(devices)} devices"
+        device = devices.pop()
+        runtime = runtime_for(device)
+        with lock:
+            captured = runtime.recording.capture_part([runtime.value_of(a) for a in args],
+                                                      [runtime.value_of(o) for o in outs])
+            if isinstance(captured, str):
+                return captured
+            graph_bytes, input_ids, inline_inputs, output_ids, _ = captured
+            graph = runtime._request("register_graph", graph_bytes).hex()
+        arg_of_input = [-1] * (max(input_ids, default=-1) + 1 + len(inline_inputs))
+        for arg, input_id in enumerate(input_ids):
+            arg_of_input[input_id] = arg
+        first_constant = len(arg_of_input) - len(inline_inputs)
+        if any(i < 0 for i in arg_of_input[:first_constant]):
+            return "the graph's inputs are not the part's arguments"
+        self.constants = [t.to(device) for t in inline_inputs]
+        self.arg_of_input = arg_of_input[:first_constant]
+        self.output_ids = list(output_ids)
+        self.tuple_output = isinstance(out, (tuple, list))
+        _part_graphs.setdefault(graph, (self.gm, list(input_ids)))
+        self.graph = graph
+        return None
 
 
 class EagerOp:
@@ -154,7 +223,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: t
     split = partition(gm)
     for name, module in list(split.named_children()):
         if is_part(name):
-            part = Part(name, "executor", [str(n.target) for n in module.graph.nodes if n.op == "call_function"])
+            part = Part(name, "recorded", [str(n.target) for n in module.graph.nodes if n.op == "call_function"])
             setattr(split, name, ExecutorPart(module, part))
             graph.parts.append(part)
     for node in split.graph.nodes:

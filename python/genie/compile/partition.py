@@ -4,7 +4,10 @@
   dispatcher by name): an aten `OpOverload` (or a `getitem` of one's tuple) whose tensor
   arguments and results are all on remote_accelerator, that the C++ recorder records as it is
   (genie.ops `route`: not a host transfer, not a Python-only or scalar-returning op), and that
-  returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read).
+  returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read), and
+  that writes no graph input (a functionalized graph's `copy_` back into a KV cache or a
+  BatchNorm statistic stays outside the parts, so that a part is a pure function: the node
+  may run it as a compiled package).
   Everything else (Python custom ops, `prims`, host reads, ops on CPU tensors) is a host part.
 - `partition(gm)`: `CapabilityBasedPartitioner` (torch.fx.passes.infra.partitioner) groups
   the supported nodes into submodules `fused_<i>`; unsupported nodes stay in the outer graph.
@@ -53,8 +56,13 @@ class NodeSupport(OperatorSupportBase):
         target = node.target
         if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
             return False
-        if ops.op_info(target).route not in _NODE_ROUTES:
+        info = ops.op_info(target)
+        if info.route not in _NODE_ROUTES:
             return False
+        if any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
+               for i in info.writes):
+            return False  # an in-place update of an input (a KV cache, BN statistics): kept outside parts
+
         if not _on_device(node.meta.get("val")):
             return False
         for arg in node.all_input_nodes:

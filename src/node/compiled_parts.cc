@@ -1,0 +1,442 @@
+#include "compiled_parts.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/Version.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fcntl.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/library.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "genie/log.h"
+#include "genie/wire/torch_dtype.h"
+
+extern char** environ;
+
+namespace genie::node {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<CompiledParts*> g_current{nullptr};
+
+/// Bumped when the worker's output changes meaning (part of every key).
+constexpr int kWorkerFormat = 1;
+
+std::string hexOf(std::string_view bytes) {
+  const auto id = wire::hashGraph({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  return wire::toString(id);
+}
+
+std::optional<wire::GraphId> parseGraphId(const std::string& hex) {
+  if (hex.size() != 32 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
+  return wire::GraphId(std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16));
+}
+
+/// torch's Python name of a dtype ("float32"), as the worker's spec takes it.
+std::string dtypeName(c10::ScalarType type) {
+  switch (type) {
+    case c10::kFloat: return "float32";
+    case c10::kDouble: return "float64";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kLong: return "int64";
+    case c10::kInt: return "int32";
+    case c10::kShort: return "int16";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kBool: return "bool";
+    case c10::kComplexFloat: return "complex64";
+    case c10::kComplexDouble: return "complex128";
+    default: return c10::toString(type);  // the worker refuses it, naming it
+  }
+}
+
+/// "float32:2,3:3,1:0" per tensor: dtype, sizes, strides, storage offset (what the key and the
+/// worker's spec hold of an input).
+std::string describe(const at::Tensor& t) {
+  return fmt::format("{}:{}:{}:{}", dtypeName(t.scalar_type()), fmt::join(t.sizes(), ","),
+                     fmt::join(t.strides(), ","), t.storage_offset());
+}
+
+std::string defaultCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::string(xdg) + "/genie-node/packages";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != '\0' ? home : "/tmp") + "/.cache/genie-node/packages";
+}
+
+/// Creates `dir` (and its parents) and makes it mode 0700 and ours; an error message otherwise.
+std::optional<std::string> makePrivateDir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", dir);
+  if (st.st_uid != ::geteuid()) return fmt::format("{} belongs to another user", dir);
+  if ((st.st_mode & 0777) != 0700 && ::chmod(dir.c_str(), 0700) != 0) {
+    return fmt::format("cannot make {} mode 0700", dir);
+  }
+  return std::nullopt;
+}
+
+/// The ISA level the CPU kernels dispatch to (AVX2, AVX512, ...) or the CUDA device's
+/// architecture: what a compiled package is specific to besides torch.
+std::string deviceFingerprint(c10::Device device) {
+  if (device.is_cpu()) return "cpu-" + at::get_cpu_capability();
+  return fmt::format("{}", device.str());  // a GPU's architecture: the worker builds for the device it finds
+}
+
+std::string environmentFingerprint() {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("TORCHINDUCTOR_")) vars.emplace_back(*e);
+  }
+  std::sort(vars.begin(), vars.end());
+  return fmt::format("{}", fmt::join(vars, "\n"));
+}
+
+/// Parses the package's "genie.outputs" metadata: "dtype:sizes:strides:offset" per output, ';'-separated.
+struct OutputLayout {
+  std::vector<int64_t> sizes, strides;
+};
+std::vector<OutputLayout> parseOutputs(const std::string& text) {
+  std::vector<OutputLayout> out;
+  std::stringstream outputs(text);
+  std::string one;
+  auto ints = [](const std::string& list) {
+    std::vector<int64_t> v;
+    std::stringstream items(list);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (!item.empty()) v.push_back(std::stoll(item));
+    }
+    return v;
+  };
+  while (std::getline(outputs, one, ';')) {
+    std::vector<std::string> fields;
+    std::stringstream parts(one);
+    std::string field;
+    while (std::getline(parts, field, ':')) fields.push_back(field);
+    while (fields.size() < 3) fields.emplace_back();
+    out.push_back({ints(fields[1]), ints(fields[2])});
+  }
+  return out;
+}
+
+/// `t` as an output a client may hold: its own storage, from offset 0 (a view of an input or
+/// of a temporary would keep more alive, and the client describes it as a fresh tensor).
+at::Tensor standalone(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
+  bool aliases = t.storage_offset() != 0;
+  for (const at::Tensor& in : inputs) aliases = aliases || (in.defined() && t.defined() && t.is_alias_of(in));
+  if (!aliases) return t;
+  at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+  copy.copy_(t);
+  return copy;
+}
+
+}  // namespace
+
+struct CompiledParts::Part {
+  std::string graph_hex;
+  wire::GraphId graph_id;
+  std::string key;                     // hex of everything the package depends on
+  std::vector<std::string> input_descs;
+  std::vector<int64_t> output_ids;
+  enum class State { kQueued, kReady, kFailed } state = State::kQueued;  // under CompiledParts::mutex_
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;      // set once, before kReady
+  std::vector<OutputLayout> layouts;
+  std::mutex run_mutex;
+};
+
+CompiledParts* CompiledParts::current() { return g_current.load(); }
+
+CompiledParts::CompiledParts(const Executor& executor, const GraphRegistry& graphs, CompileConfig config)
+    : executor_(executor), graphs_(graphs), config_(std::move(config)) {
+  if (config_.engine == "aoti") {
+    const std::string dir = config_.cache_dir.empty() ? defaultCacheDir() : config_.cache_dir;
+    if (auto error = makePrivateDir(dir)) {
+      GENIE_LOG_WARN("compiled parts: {}; every part runs by the executor", *error);
+    } else {
+      cache_dir_ = dir;
+    }
+  }
+  fingerprint_ = fmt::format("genie-aoti-{}\n{}\n{}\n{}", kWorkerFormat, at::show_config(),
+                             deviceFingerprint(executor_.device()), environmentFingerprint());
+  if (!cache_dir_.empty()) compile_thread_ = std::thread([this] { compileLoop(); });
+  g_current.store(this);
+}
+
+CompiledParts::~CompiledParts() {
+  CompiledParts* self = this;
+  g_current.compare_exchange_strong(self, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (const int pid = worker_pid_.load(); pid > 0) ::kill(pid, SIGKILL);
+  if (compile_thread_.joinable()) compile_thread_.join();
+}
+
+CompiledParts::Counts CompiledParts::counts() const {
+  return {package_calls_.load(), executor_calls_.load(), packages_built_.load(), packages_loaded_.load(),
+          failures_.load()};
+}
+
+std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& graph,
+                                                            const std::vector<at::Tensor>& inputs,
+                                                            const std::vector<int64_t>& output_ids) {
+  std::string signature = graph;
+  std::vector<std::string> descs;
+  descs.reserve(inputs.size());
+  for (const at::Tensor& t : inputs) {
+    descs.push_back(describe(t));
+    signature += '|';
+    signature += descs.back();
+  }
+  signature += fmt::format("|{}", fmt::join(output_ids, ","));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = parts_.find(signature);
+  if (found != parts_.end()) return found->second;
+  auto part = std::make_shared<Part>();
+  part->graph_hex = graph;
+  part->graph_id = *parseGraphId(graph);
+  part->input_descs = std::move(descs);
+  part->output_ids = output_ids;
+  part->key = hexOf(fingerprint_ + "\n" + signature);
+  if (cache_dir_.empty()) {
+    part->state = Part::State::kFailed;
+  } else {
+    queue_.push_back(part);
+    queue_cv_.notify_one();
+  }
+  parts_.emplace(std::move(signature), part);
+  return part;
+}
+
+std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std::vector<int64_t>& output_ids,
+                                            const std::vector<at::Tensor>& inputs) {
+  const auto id = parseGraphId(graph);
+  TORCH_CHECK(id.has_value(), "genie::call_graph: '", graph, "' is not a graph id (32 lowercase hex digits)");
+  auto compiled = graphs_.find(*id);
+  TORCH_CHECK(compiled != nullptr, "genie::call_graph: graph ", graph, " is not registered on this node");
+  TORCH_CHECK(inputs.size() == compiled->numInputs(), "genie::call_graph: graph ", graph, " takes ",
+              compiled->numInputs(), " inputs, got ", inputs.size());
+  for (int64_t v : output_ids) {
+    TORCH_CHECK(v >= 0 && static_cast<uint64_t>(v) < compiled->numValues(), "genie::call_graph: graph ", graph,
+                " has no value ", v);
+  }
+  auto part = partFor(graph, inputs, output_ids);
+  bool ready;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready = part->state == Part::State::kReady;
+  }
+  if (ready) {
+    try {
+      std::vector<at::Tensor> out;
+      {
+        std::lock_guard<std::mutex> run_lock(part->run_mutex);
+        out = part->loader->run(inputs);
+      }
+      TORCH_CHECK(out.size() == output_ids.size(), "the package returned ", out.size(), " outputs, not ",
+                  output_ids.size());
+      for (size_t i = 0; i < out.size() && i < part->layouts.size(); ++i) {
+        const OutputLayout& want = part->layouts[i];
+        if (out[i].sizes() == c10::IntArrayRef(want.sizes) && out[i].strides() != c10::IntArrayRef(want.strides)) {
+          at::Tensor restrided = at::empty_strided(want.sizes, want.strides, out[i].options());
+          restrided.copy_(out[i]);
+          out[i] = restrided;
+        }
+      }
+      package_calls_.fetch_add(1, std::memory_order_relaxed);
+      return out;
+    } catch (const std::exception& e) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      GENIE_LOG_WARN("compiled part {} (package {}): the package failed ({}); it runs by the executor from now on",
+                     graph, part->key, e.what());
+      std::lock_guard<std::mutex> lock(mutex_);
+      part->state = Part::State::kFailed;
+    }
+  }
+  auto values = executor_.run(*compiled, inputs, {});
+  if (!values) TORCH_CHECK(false, "genie::call_graph: graph ", graph, ": ", values.status().message());
+  std::vector<at::Tensor> out;
+  out.reserve(output_ids.size());
+  for (int64_t v : output_ids) out.push_back(standalone((*values)[static_cast<size_t>(v)], inputs));
+  executor_calls_.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+// ---- the compile thread -----------------------------------------------------------------
+
+void CompiledParts::compileLoop() {
+  while (true) {
+    std::shared_ptr<Part> part;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      part = queue_.front();
+      queue_.pop_front();
+    }
+    build(*part);
+  }
+}
+
+namespace {
+
+/// Runs argv (stdout and stderr to `log`), recording the child's pid in `pid_slot` while it runs.
+/// Returns the exit status (-1: could not start; 128 + signal when killed).
+int runProcess(const std::vector<std::string>& argv, const std::string& log, std::atomic<int>& pid_slot) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  pid_slot.store(pid);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_slot.store(0);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::string lastLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last.empty() ? "(no output)" : last;
+}
+
+/// Deletes the least recently used packages (by modification time, which a load refreshes)
+/// until the *.pt2 files of `dir` take at most `limit` bytes.
+void evict(const std::string& dir, uint64_t limit) {
+  std::vector<std::pair<fs::file_time_type, fs::path>> packages;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".pt2") continue;
+    total += entry.file_size(ec);
+    packages.emplace_back(entry.last_write_time(ec), entry.path());
+  }
+  std::sort(packages.begin(), packages.end());
+  for (const auto& [when, path] : packages) {
+    if (total <= limit) break;
+    const uint64_t size = fs::file_size(path, ec);
+    if (fs::remove(path, ec)) {
+      total -= std::min(total, size);
+      GENIE_LOG_INFO("compiled parts: evicted {} ({} bytes; cache limit {} bytes)", path.string(), size, limit);
+    }
+  }
+}
+
+}  // namespace
+
+void CompiledParts::build(Part& part) {
+  const std::string package = cache_dir_ + "/" + part.key + ".pt2";
+  std::error_code ec;
+  if (!fs::exists(package, ec)) {
+    auto bytes = graphs_.bytesOf(part.graph_id);
+    if (bytes == nullptr) return;
+    const std::string stem = cache_dir_ + "/" + part.key;
+    {
+      std::ofstream graph_file(stem + ".graph", std::ios::binary);
+      graph_file.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+      std::ofstream spec(stem + ".json");
+      std::vector<std::string> inputs;
+      for (const std::string& d : part.input_descs) {
+        // "float32:2,3:3,1:0" -> {"dtype": ..., "sizes": [...], "strides": [...], "storage_offset": ...}
+        std::vector<std::string> f;
+        std::stringstream ss(d);
+        std::string x;
+        while (std::getline(ss, x, ':')) f.push_back(x);
+        while (f.size() < 4) f.emplace_back("0");
+        inputs.push_back(fmt::format(R"({{"dtype": "{}", "sizes": [{}], "strides": [{}], "storage_offset": {}}})",
+                                     f[0], f[1], f[2], f[3]));
+      }
+      spec << fmt::format(R"({{"device": "{}", "inputs": [{}], "outputs": [{}], "mode": "default"}})",
+                          executor_.device().str(), fmt::join(inputs, ", "), fmt::join(part.output_ids, ", "))
+           << "\n";
+    }
+    const auto started = std::chrono::steady_clock::now();
+    const int rc = runProcess({config_.python, "-m", "genie.compile.worker", "--graph", stem + ".graph", "--spec",
+                               stem + ".json", "--out", package},
+                              stem + ".log", worker_pid_);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (rc != 0) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      GENIE_LOG_WARN("compiled part {}: the compile worker failed (exit {}, {:.1f} s): {}; it runs by the executor",
+                     part.graph_hex, rc, seconds, rc < 0 ? "could not start " + config_.python : lastLine(stem + ".log"));
+      std::lock_guard<std::mutex> lock(mutex_);
+      part.state = Part::State::kFailed;
+      return;
+    }
+    packages_built_.fetch_add(1, std::memory_order_relaxed);
+    GENIE_LOG_INFO("compiled part {}: package {} built in {:.1f} s", part.graph_hex, part.key, seconds);
+    fs::remove(stem + ".graph", ec);
+    fs::remove(stem + ".json", ec);
+    fs::remove(stem + ".log", ec);
+    evict(cache_dir_, config_.cache_bytes);
+  }
+  try {
+    auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package);
+    auto metadata = loader->get_metadata();
+    auto layouts = parseOutputs(metadata.count("genie.outputs") ? metadata["genie.outputs"] : "");
+    fs::last_write_time(package, fs::file_time_type::clock::now(), ec);  // recently used
+    packages_loaded_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mutex_);
+    part.loader = std::move(loader);
+    part.layouts = std::move(layouts);
+    part.state = Part::State::kReady;
+  } catch (const std::exception& e) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    const std::string what = e.what();
+    GENIE_LOG_WARN("compiled part {}: package {} failed to load ({}); deleted, the part runs by the executor",
+                   part.graph_hex, package, what.substr(0, what.find('\n')));
+    fs::remove(package, ec);
+    std::lock_guard<std::mutex> lock(mutex_);
+    part.state = Part::State::kFailed;
+  }
+}
+
+}  // namespace genie::node
+
+// genie::call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]
+//   Runs registered part `graph` (32 hex digits) on `inputs`; returns its values `outputs`.
+TORCH_LIBRARY_FRAGMENT(genie, m) {
+  m.def("call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]",
+        [](const std::string& graph, const std::vector<int64_t>& outputs, const std::vector<at::Tensor>& inputs) {
+          auto* parts = genie::node::CompiledParts::current();
+          TORCH_CHECK(parts != nullptr, "genie::call_graph: this process runs no genie-node service");
+          return parts->call(graph, outputs, inputs);
+        });
+}

@@ -1,0 +1,95 @@
+// CompiledParts: the node side of torch.compile(backend="genie") (docs/compile.md).
+//
+// A compiled call reaches the node as one op of an ordinary graph,
+//   genie::call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]
+// naming a part graph registered before (its GraphId as 32 hex digits), the wire value ids of
+// its outputs and its inputs. The part runs by one of two engines:
+//  - "package": an AOT Inductor package (torch._inductor.aoti_compile_and_package) built for
+//    the part and these input shapes by a compile worker (`python -m genie.compile.worker`, a
+//    process on this host) and run in C++ by torch::inductor::AOTIModelPackageLoader;
+//  - "executor": the dispatcher executor (executor.h), op by op, while the package is being
+//    built, when the build or the load failed, or when compiling is off.
+// The first call of a part with new input shapes queues its build and runs by the executor; a
+// call never waits for a compiler. Packages are cached on disk under a key of everything they
+// depend on (the graph, the inputs' dtypes, sizes and strides, the torch version, the device,
+// the CPU's ISA level or the GPU's architecture, the TORCHINDUCTOR_* environment and the
+// worker's format version): a restarted node finds them without compiling. The cache directory
+// is the node's own (created and kept mode 0700); past its size limit the least recently used
+// packages are deleted. A package whose outputs' strides differ from eager's is restrided, so
+// a client sees what the executor would give it.
+//
+// Threads: calls come from session threads (concurrently); one compile thread builds and loads
+// packages in turn.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "genie/node/executor.h"
+#include "genie/node/node_service.h"
+#include "graph_registry.h"
+
+namespace genie::node {
+
+class CompiledParts {
+ public:
+  /// Installs itself as the instance genie::call_graph uses (one per process). Creates the
+  /// cache directory (mode 0700); when it cannot, compiling is off (logged).
+  CompiledParts(const Executor& executor, const GraphRegistry& graphs, CompileConfig config);
+  /// Stops the compile thread (a running worker is killed) and uninstalls itself.
+  ~CompiledParts();
+
+  /// Runs part `graph` (32 hex digits) on `inputs` and returns the values `output_ids`. Throws
+  /// c10::Error naming the part for an unknown graph, and what the executor raised.
+  std::vector<at::Tensor> call(const std::string& graph, const std::vector<int64_t>& output_ids,
+                               const std::vector<at::Tensor>& inputs);
+
+  struct Counts {
+    uint64_t package_calls = 0;   // calls run by a package
+    uint64_t executor_calls = 0;  // calls run by the executor
+    uint64_t packages_built = 0;  // packages the worker built
+    uint64_t packages_loaded = 0; // packages loaded (built now or found in the cache)
+    uint64_t failures = 0;        // builds, loads or package runs that failed (logged)
+  };
+  Counts counts() const;
+  const std::string& cacheDir() const { return cache_dir_; }
+
+  /// The installed instance, or nullptr (genie::call_graph's kernel).
+  static CompiledParts* current();
+
+  struct Part;
+
+ private:
+  void compileLoop();
+  void build(Part& part);
+  std::shared_ptr<Part> partFor(const std::string& graph, const std::vector<at::Tensor>& inputs,
+                                const std::vector<int64_t>& output_ids);
+
+  const Executor& executor_;
+  const GraphRegistry& graphs_;
+  CompileConfig config_;
+  std::string cache_dir_;  // empty: compiling is off
+  std::string fingerprint_;  // what every key holds besides the part: torch, device, ISA, env
+
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<Part>> parts_;  // by graph id + input metadata
+  std::deque<std::shared_ptr<Part>> queue_;
+  std::condition_variable queue_cv_;
+  bool stopping_ = false;
+  std::atomic<int> worker_pid_{0};
+  std::thread compile_thread_;
+
+  std::atomic<uint64_t> package_calls_{0}, executor_calls_{0}, packages_built_{0}, packages_loaded_{0}, failures_{0};
+};
+
+}  // namespace genie::node

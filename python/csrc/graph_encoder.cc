@@ -3,14 +3,19 @@
 // executor then binds each value against the op's schema (src/node/executor.cc).
 // The result is verified (wire::verifyGraph) before it is returned, so a malformed graph fails
 // here (ValueError) rather than on the node.
+// decode_graph: the inverse, a serialized Graph -> the same Python lists (verified first).
 #include <pybind11/pybind11.h>
 // pybind11 first: it includes Python.h, which torch's Python headers expect.
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -43,9 +48,10 @@ struct ArgumentPlace {
   std::string op;
   size_t arg = 0;
   std::string name;
+  const char* function = "encode_graph";
 
   std::string str() const {
-    return "encode_graph: nodes[" + std::to_string(node) + "] (" + op + ") argument " + std::to_string(arg) +
+    return std::string(function) + ": nodes[" + std::to_string(node) + "] (" + op + ") argument " + std::to_string(arg) +
            (name.empty() ? "" : " ('" + name + "')");
   }
 };
@@ -249,6 +255,153 @@ py::bytes encodeGraph(const py::list& inputs, uint32_t num_scalar_inputs, const 
   return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
+
+// ---- decode_graph: wire Graph -> Python lists (the inverse of the above) ---------------
+
+class Decoder {
+ public:
+  py::object value(const wire::Argument& arg, const ArgumentPlace& place) const {
+    switch (arg.value_type()) {
+      case Value::NoneValue: return py::none();
+      case Value::TensorValue: return py::cast(TensorRef{arg.value_as_TensorValue()->value()});
+      case Value::ScalarInputValue: return py::cast(ScalarSlot{arg.value_as_ScalarInputValue()->slot()});
+      case Value::IntValue: return py::int_(arg.value_as_IntValue()->v());
+      case Value::DoubleValue: return py::float_(arg.value_as_DoubleValue()->v());
+      case Value::BoolValue: return py::bool_(arg.value_as_BoolValue()->v());
+      case Value::ComplexValue: {
+        const auto* c = arg.value_as_ComplexValue();
+        return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(c->re(), c->im()));
+      }
+      case Value::StringValue: return py::str(std::string(wire::stringOf(arg.value_as_StringValue()->v())));
+      case Value::DTypeValue: return dtype(arg.value_as_DTypeValue()->v(), place.str());
+      case Value::LayoutValue: {
+        const int8_t v = arg.value_as_LayoutValue()->v();
+        if (v < 0 || v >= static_cast<int8_t>(c10::Layout::NumOptions)) {
+          throw py::value_error(place.str() + ": layout " + std::to_string(v) + " is not a torch.layout");
+        }
+        return borrowed(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(v))));
+      }
+      case Value::MemoryFormatValue: {
+        const int8_t v = arg.value_as_MemoryFormatValue()->v();
+        if (v < 0 || v >= static_cast<int8_t>(c10::MemoryFormat::NumOptions)) {
+          throw py::value_error(place.str() + ": memory format " + std::to_string(v) + " is not a torch.memory_format");
+        }
+        return borrowed(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v)));
+      }
+      case Value::DeviceValue: return device(*arg.value_as_DeviceValue(), place);
+      case Value::IntListValue: {
+        const auto* list = arg.value_as_IntListValue();
+        const auto* slots = list->scalar_slots();
+        py::list out;
+        for (uint32_t i = 0; list->v() && i < list->v()->size(); ++i) {
+          const bool is_slot = slots && slots->size() > i && slots->Get(i) >= 0;
+          out.append(is_slot ? py::cast(ScalarSlot{static_cast<uint32_t>(slots->Get(i))})
+                             : py::object(py::int_(list->v()->Get(i))));
+        }
+        return out;
+      }
+      case Value::DoubleListValue: return listOf<py::float_>(arg.value_as_DoubleListValue()->v());
+      case Value::BoolListValue: {
+        py::list out;
+        const auto* v = arg.value_as_BoolListValue()->v();
+        for (uint32_t i = 0; v && i < v->size(); ++i) out.append(py::bool_(v->Get(i) != 0));
+        return out;
+      }
+      case Value::TensorListValue: {
+        py::list out;
+        const auto* v = arg.value_as_TensorListValue()->values();
+        for (uint32_t i = 0; v && i < v->size(); ++i) out.append(py::cast(TensorRef{v->Get(i)}));
+        return out;
+      }
+      case Value::OptionalTensorListValue: {
+        py::list out;
+        const auto* v = arg.value_as_OptionalTensorListValue()->values();
+        for (uint32_t i = 0; v && i < v->size(); ++i) {
+          const int64_t id = v->Get(i);
+          out.append(id < 0 ? py::none() : py::cast(TensorRef{static_cast<uint32_t>(id)}));
+        }
+        return out;
+      }
+      default: break;  // NONE and unknown members: rejected by verifyGraph
+    }
+    throw py::value_error(place.str() + ": cannot decode a " + std::string(wire::EnumNameValue(arg.value_type())));
+  }
+
+  static py::object dtype(wire::DType dtype, const std::string& where) {
+    const auto type = wire::torchScalarType(dtype);
+    if (!type) throw py::value_error(where + ": " + std::string(wire::dtypeName(dtype)) + " is not a torch dtype");
+    return borrowed(reinterpret_cast<PyObject*>(torch::getTHPDtype(*type)));
+  }
+
+ private:
+  /// getTHP* return borrowed references, null when torch has no object for the value.
+  static py::object borrowed(PyObject* o) {
+    if (o == nullptr) throw py::value_error("decode_graph: torch has no Python object for this value");
+    return py::reinterpret_borrow<py::object>(o);
+  }
+
+  template <typename PyT, typename Vector>
+  static py::list listOf(const Vector* v) {
+    py::list out;
+    for (uint32_t i = 0; v && i < v->size(); ++i) out.append(PyT(v->Get(i)));
+    return out;
+  }
+
+  /// torch.device(type, index), or the type string as is when torch does not know the type.
+  static py::object device(const wire::DeviceValue& d, const ArgumentPlace& place) {
+    const std::string type(wire::stringOf(d.type()));
+    if (d.index() < -1 || d.index() > std::numeric_limits<c10::DeviceIndex>::max()) {
+      throw py::value_error(place.str() + ": device index " + std::to_string(d.index()) + " is out of range");
+    }
+    std::optional<c10::Device> parsed;
+    try {
+      parsed = c10::Device(type);
+      if (d.index() >= 0) parsed = c10::Device(parsed->type(), static_cast<c10::DeviceIndex>(d.index()));
+    } catch (const c10::Error&) {
+      return py::str(type);
+    }
+    return py::reinterpret_steal<py::object>(THPDevice_New(*parsed));
+  }
+};
+
+py::tuple decodeGraph(const py::bytes& graph_bytes) {
+  std::string_view bytes = graph_bytes;
+  // verifyGraph wants kHeaderAlignment-aligned storage; a bytes object's data need not be.
+  std::vector<uint64_t> aligned((bytes.size() + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+  if (!bytes.empty()) std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  auto verified = wire::verifyGraph(std::as_bytes(std::span<const uint64_t>(aligned)).first(bytes.size()));
+  if (!verified) throw py::value_error("decode_graph: " + verified.status().message());
+  const wire::Graph& graph = **verified;
+
+  py::list inputs;
+  for (uint32_t i = 0; graph.inputs() && i < graph.inputs()->size(); ++i) {
+    const wire::GraphInput& input = *graph.inputs()->Get(i);
+    py::object dtype = py::none();
+    if (input.desc() && input.desc()->dtype() != wire::DType::Undefined) {
+      dtype = Decoder::dtype(input.desc()->dtype(), "decode_graph: inputs[" + std::to_string(i) + "]");
+    }
+    py::object handle = input.handle() ? py::object(bytesOfId(*input.handle())) : py::none();
+    inputs.append(py::make_tuple(dtype, handle));
+  }
+  Decoder decoder;
+  py::list nodes;
+  for (uint32_t i = 0; graph.nodes() && i < graph.nodes()->size(); ++i) {
+    const wire::Node& node = *graph.nodes()->Get(i);
+    const std::string op(wire::stringOf(node.op()));
+    const std::string overload(wire::stringOf(node.overload()));
+    ArgumentPlace place{i, op + "." + (overload.empty() ? "default" : overload), 0, {}, "decode_graph"};
+    py::list args;
+    for (uint32_t a = 0; node.args() && a < node.args()->size(); ++a) {
+      const wire::Argument& arg = *node.args()->Get(a);
+      place.arg = a;
+      place.name = std::string(wire::stringOf(arg.name()));
+      args.append(py::make_tuple(place.name, decoder.value(arg, place)));
+    }
+    nodes.append(py::make_tuple(op, overload, args, node.num_outputs()));
+  }
+  return py::make_tuple(inputs, graph.num_scalar_inputs(), nodes);
+}
+
 }  // namespace
 
 void bindGraphEncoder(py::module_& m) {
@@ -284,6 +437,31 @@ nodes: list[tuple[str, str, list[tuple[str, object]], int]]: (op schema name "at
 Raises TypeError naming the node index, op, argument position and Python type of a value it
 cannot encode; ValueError when the graph fails verification (e.g. a TensorRef to a value not
 produced before its node).
+)doc");
+
+  m.def("decode_graph", &decodeGraph, py::arg("graph"), R"doc(
+decode_graph(graph: bytes) -> tuple[inputs, num_scalar_inputs, nodes]
+
+The inverse of encode_graph: the lists it takes, from serialized Graph bytes, so
+encode_graph(*decode_graph(b)) re-encodes the graph (Graph.name is not returned).
+
+inputs: list[tuple[torch.dtype | None, bytes | None]]: each GraphInput's desc dtype (None when
+  absent or Undefined) and its 16-byte handle (None when absent). Only the dtype of a desc is
+  returned (encode_graph writes no shape).
+num_scalar_inputs: int.
+nodes: list[tuple[str, str, list[tuple[str, object]], int]]: (op, overload or "", args,
+  num_outputs), each arg (name or "", value):
+    NoneValue -> None; IntValue -> int; DoubleValue -> float; BoolValue -> bool;
+    ComplexValue -> complex; StringValue -> str; DTypeValue -> torch.dtype;
+    LayoutValue -> torch.layout; MemoryFormatValue -> torch.memory_format;
+    DeviceValue -> torch.device (the type string as is when torch does not know it);
+    TensorValue -> TensorRef(v); ScalarInputValue -> ScalarSlot(s);
+    IntListValue -> list of int, ScalarSlot(s) where scalar_slots[i] >= 0;
+    DoubleListValue -> list of float; BoolListValue -> list of bool;
+    TensorListValue -> list of TensorRef; OptionalTensorListValue -> TensorRef or None (-1).
+Raises ValueError with wire::verifyGraph's message when the bytes are not a valid Graph
+(e.g. "decode_graph: Graph: failed FlatBuffers verification ..."), and naming the node and
+argument for a layout, memory format or device index torch has no value for.
 )doc");
 }
 

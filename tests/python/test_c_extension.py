@@ -184,6 +184,38 @@ def test_encode_graph_value_types():
         C.encode_graph([(None, None)], 0, [("aten::relu", "", [("", ref(5))], 1)])
 
 
+def test_decode_graph_is_encode_graphs_inverse():
+    slot = C.ScalarSlot
+    inputs = [(torch.float32, None), (None, handle()), (torch.bfloat16, None)]
+    nodes = [("aten::zeros", "", [("", [2, slot(0)]), ("dtype", torch.float16), ("layout", torch.sparse_coo),
+                                  ("device", torch.device("cuda", 1)), ("pin_memory", False)], 1),
+             ("aten::cat", "", [("", [ref(0), ref(3)]), ("dim", -1)], 1),
+             ("aten::index", "Tensor", [("", ref(4)), ("", [None, ref(1)])], 1),
+             ("test::values", "", [("", None), ("", 1.5), ("", 1 - 2j), ("", "mean"), ("", [1.0, 2.5]),
+                                   ("", [True, False]), ("", []), ("", torch.channels_last), ("s", slot(1)),
+                                   ("", True), ("", 2**62), ("", torch.device("cpu")), ("", [None, None])], 3)]
+    graph = C.encode_graph(inputs, 2, nodes, name="values")
+    decoded_inputs, num_scalar_inputs, decoded_nodes = C.decode_graph(graph)
+    assert decoded_inputs == inputs and num_scalar_inputs == 2
+    assert len(decoded_nodes) == len(nodes)
+    for got, want in zip(decoded_nodes, nodes):
+        assert got[:2] == want[:2] and got[3] == want[3]
+        assert [name for name, _ in got[2]] == [name for name, _ in want[2]]
+        for (_, g), (_, w) in zip(got[2], want[2]):
+            assert repr(g) == repr(w)
+            assert type(g) is (list if isinstance(w, list) else type(w))
+    assert C.encode_graph(*C.decode_graph(graph), name="values") == graph
+    # A device type torch does not know comes back as its string ("meta" patched to "mxta").
+    meta = C.encode_graph([], 0, [("aten::empty", "memory_format", [("", [1]), ("device", torch.device("meta"))], 1)])
+    assert meta.count(b"meta") == 1
+    (_, _, [(_, _, [_, device], _)]) = C.decode_graph(meta.replace(b"meta", b"mxta"))
+    assert device == ("device", "mxta")
+    with pytest.raises(ValueError, match="decode_graph: Graph: failed FlatBuffers verification"):
+        C.decode_graph(graph[: len(graph) // 2])
+    with pytest.raises(ValueError, match="decode_graph: Graph"):
+        C.decode_graph(b"not a graph")
+
+
 def test_unknown_op_is_a_remote_error(client):
     graph = C.encode_graph([(torch.float32, None)], 0, [("aten::no_such_op", "", [("", ref(0))], 1)])
     with pytest.raises(GenieRemoteError) as err:

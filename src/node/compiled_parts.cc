@@ -353,6 +353,9 @@ void evict(const std::string& dir, uint64_t limit) {
     if (total <= limit) break;
     const uint64_t size = fs::file_size(path, ec);
     if (fs::remove(path, ec)) {
+      fs::path sidecar = path;
+      fs::remove(sidecar.replace_extension(".graph"), ec);
+      fs::remove(sidecar.replace_extension(".json"), ec);
       total -= std::min(total, size);
       GENIE_LOG_INFO("compiled parts: evicted {} ({} bytes; cache limit {} bytes)", path.string(), size, limit);
     }
@@ -402,9 +405,7 @@ void CompiledParts::build(Part& part) {
     }
     packages_built_.fetch_add(1, std::memory_order_relaxed);
     GENIE_LOG_INFO("compiled part {}: package {} built in {:.1f} s", part.graph_hex, part.key, seconds);
-    fs::remove(stem + ".graph", ec);
-    fs::remove(stem + ".json", ec);
-    fs::remove(stem + ".log", ec);
+    fs::remove(stem + ".log", ec);  // the graph and the spec stay beside the package (what it was built from)
     evict(cache_dir_, config_.cache_bytes);
   }
   try {

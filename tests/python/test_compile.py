@@ -1,10 +1,15 @@
 """torch.compile(backend="genie") (genie.compile, docs/compile.md): Dynamo's graphs split into
-node parts and eager parts, run on the embedded node, each model equal to eager CPU; the
-backend found by its entry point without `import genie`; a repeated call is one request."""
+node parts and eager parts, run on the embedded node, each model equal to eager CPU and, once
+the node has built its AOT Inductor package, run by the package; the backend found by its entry
+point without `import genie`; a repeated call is one request; packages survive a node restart
+and a corrupted one falls back to the executor."""
 
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -21,11 +26,31 @@ def _stats_delta(before: dict, after: dict) -> dict:
 
 def _engines_of(stats: dict, first_graph: int) -> dict:
     """Calls per engine of the aten graphs compiled since index `first_graph`."""
-    calls = {"executor": 0, "eager": 0}
+    calls = {"node": 0, "recorded": 0, "eager": 0}
     for graph in stats["graphs"][first_graph:]:
         for part in graph["parts"]:
             calls[part["engine"]] += part["calls"]
     return calls
+
+
+def _package_calls() -> int:
+    return genie.memory_stats(DEV)["package_calls"]
+
+
+def _until_run_by_package(step, timeout_s: float = 300.0):
+    """Calls `step()` (a compiled call and its read) until the node runs a call by an AOT
+    Inductor package (its first calls run by the executor while the package is built); returns
+    the last result, from a call the package ran. Fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        before = _package_calls()
+        out = step()
+        if _package_calls() > before:
+            return out
+        stats = genie.memory_stats(DEV)
+        assert stats["compile_failures"] == 0 or time.monotonic() < deadline, stats
+        assert time.monotonic() < deadline, f"no call ran by a package in {timeout_s} s: {stats}"
+        time.sleep(0.5)
 
 
 def _mlp():
@@ -57,9 +82,17 @@ def test_mlp_equals_eager_cpu_and_a_new_shape_recompiles(remote_mlp):
     assert delta["recompiles"] >= 1, delta
     graph = after["graphs"][first]
     assert graph["kind"] == "inference" and graph["device"] == DEV
-    assert [p["engine"] for p in graph["parts"]] == ["executor"]  # all of it on the node
+    assert [p["engine"] for p in graph["parts"]] == ["node"]  # all of it on the node, as one part
     assert "aten.addmm.default" in graph["parts"][0]["ops"]
-    assert _engines_of(after, first)["executor"] >= 2
+    assert _engines_of(after, first)["node"] >= 2
+
+
+def test_mlp_runs_by_the_package_equal_to_eager_cpu(remote_mlp):
+    cpu, _, compiled = remote_mlp
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        out = _until_run_by_package(lambda: compiled(x.to(DEV)).cpu())
+    torch.testing.assert_close(out, cpu(x), rtol=1e-5, atol=1e-6)
 
 
 def test_a_second_call_is_one_request_and_registers_nothing(remote_mlp):
@@ -88,6 +121,8 @@ def test_transformer_block_equals_eager_cpu():
     compiled = torch.compile(remote, backend="genie")
     with torch.no_grad():
         out = compiled(x.to(DEV)).cpu()
+        torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
+        out = _until_run_by_package(lambda: compiled(x.to(DEV)).cpu())
     torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
 
 
@@ -101,6 +136,8 @@ def test_conv_block_equals_eager_cpu():
     compiled = torch.compile(remote, backend="genie")
     with torch.no_grad():
         out = compiled(x.to(DEV)).cpu()
+        torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
+        out = _until_run_by_package(lambda: compiled(x.to(DEV)).cpu())
     torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
 
 
@@ -129,8 +166,9 @@ def test_training_steps_equal_eager_cpu():
     for name in cpu_state:
         torch.testing.assert_close(dev_state[name], cpu_state[name], rtol=1e-5, atol=1e-6, msg=name)
     kinds = {g["kind"] for g in genie.compile_stats()["graphs"][first:]}
-    assert {"forward", "backward"} <= kinds  # both graphs compiled, run by the executor
-    assert _engines_of(genie.compile_stats(), first)["executor"] >= 6
+    assert {"forward", "backward"} <= kinds  # both graphs compiled
+    calls = _engines_of(genie.compile_stats(), first)
+    assert calls["node"] + calls["recorded"] >= 6
 
 
 def test_cpu_parameters_are_uploaded_once_and_outputs_come_back_to_the_cpu():
@@ -202,7 +240,7 @@ def test_an_unsupported_op_runs_eagerly():
     parts = [p for g in genie.compile_stats()["graphs"][first:] for p in g["parts"]]
     eager = [p for p in parts if p["engine"] == "eager"]
     assert [p["ops"] for p in eager] == [["genie_compile_test.scaled.default"]] and eager[0]["calls"] == 1
-    assert sum(p["engine"] == "executor" for p in parts) == 2  # before and after it, on the node
+    assert sum(p["engine"] == "node" for p in parts) == 2  # before and after it, on the node
 
 
 def test_unknown_options_and_a_wrong_node_raise():
@@ -232,8 +270,113 @@ def test_the_backend_is_found_by_its_entry_point_without_import_genie():
         assert "genie" in sys.modules and out.device.type == "cpu"
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
         import genie
-        assert genie.compile_stats()["parts"]["executor"] >= 1
+        assert genie.compile_stats()["parts"]["node"] >= 1
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def _tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)).eval()
+
+
+@torch.no_grad()
+def _static_cache_decode(model, forward, device, prompt, new_tokens: int) -> torch.Tensor:
+    """Greedy decoding with HuggingFace's StaticCache (max_cache_len = prompt + new tokens): the
+    prefill eager, then one `forward` per token, each token read back as `generate` does."""
+    from transformers import StaticCache
+    n = prompt.shape[1]
+    cache = StaticCache(config=model.config, max_cache_len=n + new_tokens)
+    out = model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True,
+                cache_position=torch.arange(n).to(device))
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens = [token.cpu()]
+    for i in range(new_tokens - 1):
+        out = forward(input_ids=token, past_key_values=cache, cache_position=torch.tensor([n + i]).to(device),
+                      use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token.cpu())
+    return torch.cat(tokens, dim=1)
+
+
+def test_gpt2_decode_with_a_static_kv_cache_runs_by_the_package():
+    cpu = _tiny_gpt2()
+    prompt = torch.tensor([[5, 17, 42, 8, 33, 1]])
+    expected = _static_cache_decode(cpu, cpu, "cpu", prompt, 12)
+    remote = _tiny_gpt2().to(DEV)
+    compiled = torch.compile(remote, backend="genie", dynamic=False)
+    first_stats = genie.compile_stats()
+    first = len(first_stats["graphs"])
+    before = genie.memory_stats(DEV)["package_calls"]
+    deadline = time.monotonic() + 300
+    while True:  # whole generations until one ran every decode step by the package
+        start = genie.memory_stats(DEV)["package_calls"]
+        got = _static_cache_decode(remote, compiled, DEV, prompt, 12)
+        assert torch.equal(got, expected)
+        if genie.memory_stats(DEV)["package_calls"] - start >= 11:
+            break
+        assert time.monotonic() < deadline, genie.memory_stats(DEV)
+        time.sleep(1.0)
+    stats = genie.compile_stats()
+    assert stats["recompiles"] - first_stats["recompiles"] <= 1
+    graphs = stats["graphs"][first:]
+    assert len(graphs) == 1 and graphs[0]["kind"] == "inference"
+    # One node part; the cache's in-place updates (index_copy_ written back) run outside it.
+    node_parts = [p for p in graphs[0]["parts"] if p["engine"] == "node"]
+    assert len(node_parts) == 1 and genie.memory_stats(DEV)["package_calls"] > before
+    assert {op for p in graphs[0]["parts"] if p["engine"] == "eager" for op in p["ops"]} == {"aten.copy_.default"}
+
+
+_RESTART_PROGRAM = textwrap.dedent("""
+    import json, sys, time, torch, genie
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
+    x = torch.randn(2, 4)
+    remote = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
+    remote.load_state_dict(model.state_dict())
+    compiled = torch.compile(remote.to("remote_accelerator:0"), backend="genie")
+    wait_for_package = sys.argv[1] == "wait"
+    deadline = time.monotonic() + 240
+    with torch.no_grad():
+        while True:
+            out = compiled(x.to("remote_accelerator:0")).cpu()
+            torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
+            stats = genie.memory_stats()
+            calls = stats["package_calls"] + stats["executor_calls"]
+            if (stats["package_calls"] if wait_for_package else calls) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+    print(json.dumps({k: stats[k] for k in ("package_calls", "executor_calls", "packages_built", "packages_loaded",
+                                            "compile_failures")}))
+""")
+
+
+def _run_restart_program(cache: pathlib.Path, mode: str) -> tuple[dict, str]:
+    env = dict(os.environ, GENIE_NODE_COMPILE_CACHE=str(cache), GENIE_LOG_LEVEL="warn")
+    done = subprocess.run([sys.executable, "-c", _RESTART_PROGRAM, mode], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    import json
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_a_node_restart_reuses_the_package_and_a_corrupted_one_falls_back(tmp_path):
+    cache = tmp_path / "packages"
+    built, _ = _run_restart_program(cache, "wait")  # a node builds the package
+    assert built["packages_built"] == 1 and built["package_calls"] >= 1, built
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    packages = list(cache.glob("*.pt2"))
+    assert len(packages) == 1
+    # A new node (a new process) finds it on disk: no compile, run by the package.
+    reused, _ = _run_restart_program(cache, "wait")
+    assert reused["packages_built"] == 0 and reused["packages_loaded"] == 1 and reused["package_calls"] >= 1, reused
+    # Corrupted: the load fails, the reason is logged, the part runs by the executor (and the
+    # package is deleted, so that a later node builds it again).
+    packages[0].write_bytes(b"not a zip archive" * 64)
+    fallen, log = _run_restart_program(cache, "no-wait")
+    assert fallen["compile_failures"] == 1 and fallen["package_calls"] == 0 and fallen["executor_calls"] >= 3, fallen
+    assert "failed to load" in log and packages[0].name in log, log[-3000:]
+    assert not packages[0].exists()

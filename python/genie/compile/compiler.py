@@ -54,6 +54,7 @@ class Part:
     engine: str
     ops: list[str]
     calls: int = 0
+    why: str | None = None  # a node part that runs "recorded": why it could not be captured
 
 
 @dataclass
@@ -102,7 +103,7 @@ def stats() -> dict:
         "parts": parts,
         "calls": calls,
         "graphs": [{"compile_id": g.compile_id, "kind": g.kind, "device": g.device,
-                    "parts": [{"name": p.name, "engine": p.engine, "ops": list(p.ops), "calls": p.calls}
+                    "parts": [{"name": p.name, "engine": p.engine, "ops": list(p.ops), "calls": p.calls, "why": p.why}
                               for p in g.parts]} for g in _books.graphs],
     }
 
@@ -115,90 +116,118 @@ def reset_stats() -> None:
 
 # ---- runners --------------------------------------------------------------------------------
 
-# graph id (hex) -> (the part's FX graph, argument k -> its graph input): genie::call_graph's
-# meta kernel runs the FX graph on meta tensors to describe the outputs.
-_part_graphs: dict[str, tuple[torch.fx.GraphModule, list[int]]] = {}
+# (graph id, its inputs' geometry) -> its outputs' (sizes, strides, dtype), as the part's first
+# call recorded them: genie::call_graph's meta kernel. Parts are captured with static shapes.
+_part_outputs: dict[tuple, list[tuple]] = {}
+
+
+def _geometry(tensors) -> tuple:
+    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors)
 
 
 def part_meta(graph: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """genie::call_graph's meta kernel: the outputs of part `graph` for meta `inputs` (graph
-    input order), each a fresh tensor (a call's outputs own their storage)."""
-    gm, input_of_arg = _part_graphs[graph]
-    with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        out = gm(*[inputs[i] for i in input_of_arg])
-    out = out if isinstance(out, (tuple, list)) else (out,)
-    return [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta") for o in out]
+    input order), each a fresh tensor (a call's outputs own their storage). Raises
+    NotImplementedError for inputs of another geometry than the part was captured with."""
+    outputs = _part_outputs.get((graph, _geometry(inputs)))
+    if outputs is None:
+        raise NotImplementedError(f"genie::call_graph: part {graph} was not captured for inputs of this geometry")
+    return [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in outputs]
+
+
+@dataclass
+class _Capture:
+    """A part captured for one geometry of its arguments: registered graph `graph`, whose
+    input i is argument `arg_of_input[i]` or, past them, `constants[i - len(arg_of_input)]`
+    (0-dim constants the ops read, uploaded once); its outputs are wire values `output_ids`."""
+
+    graph: str
+    arg_of_input: list[int]
+    constants: list[torch.Tensor]
+    output_ids: list[int]
 
 
 class ExecutorPart(torch.nn.Module):
-    """A node part. Its first call runs the FX graph on the LazyTensors (its aten ops are
-    recorded and run as eager's are) and captures those ops as one graph, registered on the
-    node (`_C` Recording.capture_part). Every later call records one op,
-    `genie::call_graph(graph, outputs, inputs)`, which the node runs by an AOT Inductor package
-    or, until it is built, by its executor (src/node/compiled_parts.h); nothing of the part is
-    recorded or sent again. A part that cannot stand alone (an output aliases an input, an op
-    writes an input, an argument that is not a remote tensor) keeps running its FX graph; `why`
-    says why."""
+    """A node part. A call with arguments of a geometry not seen before (tensor sizes, strides
+    and dtypes, the values of int arguments: a part traced with dynamic shapes takes them) runs
+    the FX graph on the LazyTensors (its aten ops are recorded and run as eager's are) and
+    captures those ops as one graph, registered on the node (`_C` Recording.capture_part). A
+    later call of that geometry records one op, `genie::call_graph(graph, outputs, inputs)`,
+    which the node runs by an AOT Inductor package or, until it is built, by its executor
+    (src/node/compiled_parts.h): nothing of the part is recorded or sent again. A part that
+    cannot stand alone (an output aliases an input, an op writes an input, an argument that is
+    not a remote tensor or an int) keeps running its FX graph; `why` says why. At most
+    `MAX_CAPTURES` geometries are captured per part; others run the FX graph."""
+
+    MAX_CAPTURES = 32
 
     def __init__(self, gm: torch.fx.GraphModule, part: Part) -> None:
         super().__init__()
         self.gm = gm
         self.part = part
-        self.graph: str | None = None      # the registered graph id (32 hex digits)
-        self.output_ids: list[int] = []
-        self.arg_of_input: list[int] = []  # graph input i is argument arg_of_input[i] ...
-        self.constants: list[torch.Tensor] = []  # ... or, past the arguments, a constant
-        self.tuple_output = True
+        self.captures: dict[tuple, _Capture] = {}
         self.why: str | None = None
-        self.captured = False
 
     def forward(self, *args):
         self.part.calls += 1
-        if self.graph is not None:
-            return self.call(args)
+        key = self._key(args) if self.why is None else None
+        capture = self.captures.get(key) if key is not None else None
+        if capture is not None:
+            inputs = [args[i] for i in capture.arg_of_input] + capture.constants
+            out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs)
+            return tuple(out) if self.tuple_output else out[0]
         out = self.gm(*args)
-        if not self.captured:
-            self.captured = True
-            self.why = self._capture(args, out)
-            self.part.engine = "node" if self.why is None else "recorded"
+        if key is not None and len(self.captures) < self.MAX_CAPTURES:
+            captured = self._capture(args, out)
+            if isinstance(captured, str):
+                self.why = self.part.why = captured
+                self.part.engine = "recorded"
+            else:
+                self.captures[key] = captured
+                self.part.engine = "node"
         return out
 
-    def call(self, args):
-        inputs = [args[i] for i in self.arg_of_input] + self.constants
-        out = torch.ops.genie.call_graph(self.graph, self.output_ids, inputs)
-        return tuple(out) if self.tuple_output else out[0]
+    @staticmethod
+    def _key(args) -> tuple | None:
+        key = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                key.append((tuple(a.shape), tuple(a.stride()), a.dtype, a.device))
+            elif type(a) is int:
+                key.append(a)
+            else:
+                return None
+        return tuple(key)
 
-    def _capture(self, args, out) -> str | None:
+    def _capture(self, args, out) -> _Capture | str:
         """Captures the part just recorded (see the class docstring); a reason when it cannot."""
         from ..runtime import lock, runtime_for
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        if not all(_C.is_lazy(a) for a in args) or not all(_C.is_lazy(o) for o in outs):
+        tensor_args = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if not all(_C.is_lazy(args[k]) for k in tensor_args) or not all(_C.is_lazy(o) for o in outs):
             return "an argument or a result is not a remote tensor"
-        devices = {a.device for a in args} | {o.device for o in outs}
+        devices = {args[k].device for k in tensor_args} | {o.device for o in outs}
         if len(devices) != 1:
             return f"tensors on {len(devices)} devices"
         device = devices.pop()
         runtime = runtime_for(device)
         with lock:
-            captured = runtime.recording.capture_part([runtime.value_of(a) for a in args],
+            captured = runtime.recording.capture_part([runtime.value_of(args[k]) for k in tensor_args],
                                                       [runtime.value_of(o) for o in outs])
             if isinstance(captured, str):
                 return captured
             graph_bytes, input_ids, inline_inputs, output_ids, _ = captured
             graph = runtime._request("register_graph", graph_bytes).hex()
-        arg_of_input = [-1] * (max(input_ids, default=-1) + 1 + len(inline_inputs))
-        for arg, input_id in enumerate(input_ids):
-            arg_of_input[input_id] = arg
-        first_constant = len(arg_of_input) - len(inline_inputs)
-        if any(i < 0 for i in arg_of_input[:first_constant]):
+        arg_of_input = [-1] * (max(input_ids, default=-1) + 1)
+        for k, input_id in zip(tensor_args, input_ids):
+            arg_of_input[input_id] = k
+        if any(i < 0 for i in arg_of_input):
             return "the graph's inputs are not the part's arguments"
-        self.constants = [t.to(device) for t in inline_inputs]
-        self.arg_of_input = arg_of_input[:first_constant]
-        self.output_ids = list(output_ids)
+        capture = _Capture(graph, arg_of_input, [t.to(device) for t in inline_inputs], list(output_ids))
         self.tuple_output = isinstance(out, (tuple, list))
-        _part_graphs.setdefault(graph, (self.gm, list(input_ids)))
-        self.graph = graph
-        return None
+        inputs = [args[i] for i in capture.arg_of_input] + capture.constants
+        _part_outputs[(graph, _geometry(inputs))] = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs]
+        return capture
 
 
 class EagerOp:

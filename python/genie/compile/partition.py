@@ -5,9 +5,10 @@
   arguments and results are all on remote_accelerator, that the C++ recorder records as it is
   (genie.ops `route`: not a host transfer, not a Python-only or scalar-returning op), and that
   returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read), and
-  that writes no graph input (a functionalized graph's `copy_` back into a KV cache or a
-  BatchNorm statistic stays outside the parts, so that a part is a pure function: the node
-  may run it as a compiled package).
+  that neither writes a graph input nor returns a view of one (a functionalized graph's `copy_`
+  back into a KV cache or a BatchNorm statistic, a forward graph's `t(weight)` saved for the
+  backward stay outside the parts, recorded as eager records them), so that a part is a pure
+  function whose outputs own their memory: the node may run it as a compiled package.
   Everything else (Python custom ops, `prims`, host reads, ops on CPU tensors) is a host part.
 - `partition(gm)`: `CapabilityBasedPartitioner` (torch.fx.passes.infra.partitioner) groups
   the supported nodes into submodules `fused_<i>`; unsupported nodes stay in the outer graph.
@@ -62,6 +63,9 @@ class NodeSupport(OperatorSupportBase):
         if any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
                for i in info.writes):
             return False  # an in-place update of an input (a KV cache, BN statistics): kept outside parts
+        if info.returns and all(kind == "view" and i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+                                and node.args[i].op == "placeholder" for kind, i in info.returns):
+            return False  # a view of an input (t(weight) saved for the backward): recorded as a view, outside
 
         if not _on_device(node.meta.get("val")):
             return False

@@ -407,8 +407,8 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       }, py::arg("returned"), py::arg("described"),
          "take_cut(returned, described) -> Cut: the passes on the pending graph (taken out of it). Raises a lost "
          "input's error; the pending graph is then as it was.")
-      .def("capture_part", [](Recording& r, py::sequence inputs, py::sequence outputs) -> py::object {
-        auto captured = frontend::capturePart(r.pending(), valuesOf(inputs), valuesOf(outputs));
+      .def("capture_part", [](Recording& r, py::sequence inputs, py::sequence outputs, const std::string& name) -> py::object {
+        auto captured = frontend::capturePart(r.pending(), valuesOf(inputs), valuesOf(outputs), name);
         if (auto* why = std::get_if<std::string>(&captured)) return py::str(*why);
         auto& part = std::get<frontend::CapturedPart>(captured);
         py::list inline_inputs;
@@ -416,12 +416,13 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
           inline_inputs.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
         }
         return py::make_tuple(py::bytes(part.graph), part.input_ids, inline_inputs, part.output_ids, part.num_nodes);
-      }, py::arg("inputs"), py::arg("outputs"),
-         "capture_part(inputs, outputs) -> (graph: bytes, input_ids, inline_inputs, output_ids, num_nodes) | str: "
+      }, py::arg("inputs"), py::arg("outputs"), py::arg("name") = "",
+         "capture_part(inputs, outputs, name='') -> (graph: bytes, input_ids, inline_inputs, output_ids, num_nodes) | str: "
          "the pending ops that compute `outputs` (Values) from `inputs` (Values) as a wire Graph whose inputs are "
          "`inputs` (graph input input_ids[i]), then `inline_inputs` (0-dim host tensors); output i is wire value "
          "output_ids[i]. A str says why the part cannot stand alone (an output aliases an input, an op writes an "
-         "input, a value read is neither an input nor made by the part). The ops stay pending.")
+         "input, a value read is neither an input nor made by the part). The ops stay pending. `name`: the Graph's "
+         "name (genie.compile: the compile mode).")
       .def("registered", [](Recording& r, Cut& cut, py::bytes graph_id) {
         cut.prepared.graph_id = idOf<wire::GraphId>(graph_id, "registered");
         r.graphs().remember(cut.lowered, cut.prepared.lifted, *cut.prepared.graph_id);

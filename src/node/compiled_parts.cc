@@ -386,8 +386,15 @@ void CompiledParts::build(Part& part) {
         inputs.push_back(fmt::format(R"({{"dtype": "{}", "sizes": [{}], "strides": [{}], "storage_offset": {}}})",
                                      f[0], f[1], f[2], f[3]));
       }
-      spec << fmt::format(R"({{"device": "{}", "inputs": [{}], "outputs": [{}], "mode": "default"}})",
-                          executor_.device().str(), fmt::join(inputs, ", "), fmt::join(part.output_ids, ", "))
+      // The compile mode travels as the graph's name (genie.compile).
+      std::string mode = "default";
+      if (auto graph = wire::verifyGraph({reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()});
+          graph && (*graph)->name() != nullptr) {
+        const std::string name = (*graph)->name()->str();
+        if (name == "reduce-overhead" || name == "max-autotune" || name == "max-autotune-no-cudagraphs") mode = name;
+      }
+      spec << fmt::format(R"({{"device": "{}", "inputs": [{}], "outputs": [{}], "mode": "{}"}})",
+                          executor_.device().str(), fmt::join(inputs, ", "), fmt::join(part.output_ids, ", "), mode)
            << "\n";
     }
     const auto started = std::chrono::steady_clock::now();

@@ -319,7 +319,7 @@ Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& ex
 
 std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
                                                     const std::vector<ValuePtr>& inputs,
-                                                    const std::vector<ValuePtr>& outputs) {
+                                                    const std::vector<ValuePtr>& outputs, const std::string& name) {
   // The nodes between: from the outputs back through producers, stopping at the inputs.
   const uint32_t epoch = nextEpoch();
   std::unordered_set<const Storage*> input_storages;
@@ -364,7 +364,7 @@ std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& 
   }
   for (const ValuePtr& v : outputs) part.output_ids.push_back(lowered.idOf(v.get()));
   part.num_nodes = nodes.size();
-  part.graph = encodeGraph(nodes, lowered, {});
+  part.graph = encodeGraph(nodes, lowered, {}, name);
   return part;
 }
 
@@ -492,7 +492,8 @@ class Encoder {
 
 }  // namespace
 
-std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted) {
+std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted,
+                        const std::string& name) {
   fb::FlatBufferBuilder fbb(4096);
   std::vector<fb::Offset<wire::GraphInput>> inputs;
   for (const LoweredInput& input : lowered.inputs) {
@@ -517,7 +518,8 @@ std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowere
     encoded.push_back(wire::CreateNode(fbb, fbb.CreateString(op_name.name), fbb.CreateString(op_name.overload_name),
                                        fbb.CreateVector(args), static_cast<uint32_t>(node->outputs.size())));
   }
-  auto graph = wire::CreateGraph(fbb, fb::Offset<fb::String>(), fbb.CreateVector(inputs),
+  auto graph = wire::CreateGraph(fbb, name.empty() ? fb::Offset<fb::String>() : fbb.CreateString(name),
+                                 fbb.CreateVector(inputs),
                                  static_cast<uint32_t>(lifted.size()), fbb.CreateVector(encoded));
   wire::finishGraph(fbb, graph);
   auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(fbb.GetBufferPointer()), fbb.GetSize());

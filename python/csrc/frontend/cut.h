@@ -82,7 +82,9 @@ void annotateKvCache(const std::vector<NodePtr>& nodes);
 Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& extra_inputs);
 /// The wire Graph of a lowered cut, with the numbers at `lifted` positions as scalar inputs
 /// (slot i for the i-th lifted position). Verified (wire::verifyGraph) before it is returned.
-std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted);
+/// `name`: Graph.name (empty: none).
+std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowered, const std::vector<uint32_t>& lifted,
+                        const std::string& name = "");
 
 /// A part of a compiled graph (genie.compile), captured once from the ops that computed it.
 struct CapturedPart {
@@ -96,10 +98,11 @@ struct CapturedPart {
 /// with the inputs as graph inputs 0..n-1 (weights too: a part is bound per call) and every
 /// number as a literal. A reason instead when the part cannot stand alone: an output aliases an
 /// input, an op writes an input, or a value it reads is neither an input nor made by its ops.
-/// The nodes stay pending (they run as recorded).
+/// The nodes stay pending (they run as recorded). `name`: the Graph's name (genie.compile: the
+/// compile mode, which the node's compile worker reads).
 std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
                                                     const std::vector<ValuePtr>& inputs,
-                                                    const std::vector<ValuePtr>& outputs);
+                                                    const std::vector<ValuePtr>& outputs, const std::string& name);
 
 /// Step 4: registered graphs by structure, per connection.
 class GraphCache {

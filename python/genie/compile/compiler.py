@@ -14,10 +14,9 @@
    of inputs are kept in the inference graph (`keep_inference_input_mutations`).
 3. `compile_graph` splits each aten graph (genie.compile.partition): node parts become
    `ExecutorPart`s, the rest stays in the outer graph as `EagerOp`s, Genie's eager path.
-4. Runners. This slice has one engine for node parts, the executor fallback: the part's FX
-   graph runs on the LazyTensors, so its ops are recorded as eager's are and go to the node in
-   one request at the next read (a repeated call reuses the registered graph). A compiled engine
-   (AOT Inductor packages on the node) replaces `ExecutorPart.run`.
+4. Runners. A node part (`ExecutorPart`) is captured once per argument geometry as a wire
+   graph registered on the node; later calls record one `genie::call_graph` op, which the node
+   runs by an AOT Inductor package it builds, or by its executor until then (docs/compile.md).
 
 `stats()` reports the graphs, recompiles, graph breaks and which engine ran each part.
 """
@@ -147,6 +146,13 @@ class _Capture:
     output_ids: list[int]
 
 
+def _varies(val) -> bool:
+    """Whether an FX placeholder's value may differ in geometry between calls of its graph."""
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
+    return not isinstance(val, (torch.Tensor, type(None)))  # an int or SymInt argument, anything else
+
+
 class ExecutorPart(torch.nn.Module):
     """A node part. A call with arguments of a geometry not seen before (tensor sizes, strides
     and dtypes, the values of int arguments: a part traced with dynamic shapes takes them) runs
@@ -161,12 +167,19 @@ class ExecutorPart(torch.nn.Module):
 
     MAX_CAPTURES = 32
 
-    def __init__(self, gm: torch.fx.GraphModule, part: Part) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, part: Part, mode: str = "default") -> None:
         super().__init__()
         self.gm = gm
         self.part = part
+        self.mode = mode  # the graph's name: the node's compile worker reads it
         self.captures: dict[tuple, _Capture] = {}
         self.why: str | None = None
+        # The arguments whose geometry may change between calls: ints and tensors with symbolic
+        # sizes or strides (a graph traced with dynamic shapes). Dynamo's guards fix the rest.
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.varying: list[int] | None = [k for k, n in enumerate(placeholders) if _varies(n.meta.get("val"))]
+        if any("val" not in n.meta for n in placeholders):
+            self.varying = None  # no trace metadata: every argument is looked at
 
     def forward(self, *args):
         self.part.calls += 1
@@ -187,10 +200,9 @@ class ExecutorPart(torch.nn.Module):
                 self.part.engine = "node"
         return out
 
-    @staticmethod
-    def _key(args) -> tuple | None:
+    def _key(self, args) -> tuple | None:
         key = []
-        for a in args:
+        for a in (args if self.varying is None else [args[k] for k in self.varying]):
             if isinstance(a, torch.Tensor):
                 key.append((tuple(a.shape), tuple(a.stride()), a.dtype, a.device))
             elif type(a) is int:
@@ -213,7 +225,7 @@ class ExecutorPart(torch.nn.Module):
         runtime = runtime_for(device)
         with lock:
             captured = runtime.recording.capture_part([runtime.value_of(args[k]) for k in tensor_args],
-                                                      [runtime.value_of(o) for o in outs])
+                                                      [runtime.value_of(o) for o in outs], self.mode)
             if isinstance(captured, str):
                 return captured
             graph_bytes, input_ids, inline_inputs, output_ids, _ = captured
@@ -244,7 +256,7 @@ class EagerOp:
         return self.target(*args, **kwargs)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: torch.device):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: torch.device, mode: str = "default"):
     """AOTAutograd's compiler for one aten graph: partitions it and installs the runners.
     Returns the callable AOTAutograd calls with the graph's inputs."""
     compile_id = torch._guards.CompileContext.current_compile_id()
@@ -253,7 +265,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: t
     for name, module in list(split.named_children()):
         if is_part(name):
             part = Part(name, "recorded", [str(n.target) for n in module.graph.nodes if n.op == "call_function"])
-            setattr(split, name, ExecutorPart(module, part))
+            setattr(split, name, ExecutorPart(module, part, mode))
             graph.parts.append(part)
     for node in split.graph.nodes:
         if node.op == "call_function" and not _is_plumbing(node.target):
@@ -284,9 +296,9 @@ def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, o
         if opts.node is not None and opts.node != remote.index:
             raise ValueError(f"torch.compile(backend='genie'): options['node']={opts.node} but the inputs are on "
                              f"{remote}")
-        return _aot(gm, example_inputs, remote)
+        return _aot(gm, example_inputs, remote, opts.mode)
     target = torch.device(_DEVICE, opts.node if opts.node is not None else _C.current_device())
-    return _HostInputs(_compile_for_host_inputs(gm, example_inputs, target), target)
+    return _HostInputs(_compile_for_host_inputs(gm, example_inputs, target, opts.mode), target)
 
 
 def _note_dynamo_graph() -> None:
@@ -305,15 +317,15 @@ def _remote_device(example_inputs) -> torch.device | None:
     return None
 
 
-def _aot(gm, example_inputs, device: torch.device):
-    compiler = functools.partial(compile_graph, device=device)
+def _aot(gm, example_inputs, device: torch.device, mode: str):
+    compiler = functools.partial(compile_graph, device=device, mode=mode)
     return aot_autograd(fw_compiler=functools.partial(compiler, kind="forward"),
                         bw_compiler=functools.partial(compiler, kind="backward"),
                         inference_compiler=functools.partial(compiler, kind="inference"),
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 
-def _compile_for_host_inputs(gm, example_inputs, target: torch.device):
+def _compile_for_host_inputs(gm, example_inputs, target: torch.device, mode: str):
     """A graph traced on CPU inputs, compiled for `target`: its CPU factory calls name `target`,
     and AOTAutograd traces it on FakeTensors of the inputs moved to `target`."""
     retarget_devices(gm, target)
@@ -328,7 +340,7 @@ def _compile_for_host_inputs(gm, example_inputs, target: torch.device):
             y = x.detach().to(target)
         return y.requires_grad_(x.requires_grad)
 
-    return _aot(gm, [moved(x) for x in example_inputs], target)
+    return _aot(gm, [moved(x) for x in example_inputs], target, mode)
 
 
 class _HostInputs:

@@ -6,8 +6,9 @@
   `remote_accelerator:<node>`, a graph runs on when its inputs are on the CPU. A graph whose
   inputs are on a remote_accelerator device runs on that device, and `node` must name it.
 - `mode`: torch.compile's modes ("default", "reduce-overhead", "max-autotune",
-  "max-autotune-no-cudagraphs"); also accepted as `torch.compile(mode=...)`. This slice runs
-  every mode the same way (the executor fallback); the mode is kept for the node's compiler.
+  "max-autotune-no-cudagraphs"); also accepted as `torch.compile(mode=...)`. It travels as the
+  name of each part's graph; the node's compile worker builds the max-autotune modes with
+  Inductor's `max_autotune` (docs/compile.md).
 
 Anything else raises ValueError naming the option and the accepted ones.
 """

@@ -5,7 +5,7 @@
   arguments and results are all on remote_accelerator, that the C++ recorder records as it is
   (genie.ops `route`: not a host transfer, not a Python-only or scalar-returning op), and that
   returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read), and
-  that neither writes a graph input nor returns a view of one (a functionalized graph's `copy_`
+  that neither writes a graph input nor is a view of one that the graph returns (a functionalized graph's `copy_`
   back into a KV cache or a BatchNorm statistic, a forward graph's `t(weight)` saved for the
   backward stay outside the parts, recorded as eager records them), so that a part is a pure
   function whose outputs own their memory: the node may run it as a compiled package.
@@ -63,9 +63,10 @@ class NodeSupport(OperatorSupportBase):
         if any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
                for i in info.writes):
             return False  # an in-place update of an input (a KV cache, BN statistics): kept outside parts
-        if info.returns and all(kind == "view" and i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
-                                and node.args[i].op == "placeholder" for kind, i in info.returns):
-            return False  # a view of an input (t(weight) saved for the backward): recorded as a view, outside
+        if (info.returns and any(u.op == "output" for u in node.users)
+                and all(kind == "view" and i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+                        and node.args[i].op == "placeholder" for kind, i in info.returns)):
+            return False  # a view of an input the graph returns (t(weight) saved for the backward): outside
 
         if not _on_device(node.meta.get("val")):
             return False

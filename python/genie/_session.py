@@ -82,7 +82,7 @@ class EmbeddedNode:
         args += ["--watch-fd", "0"]
         # torch.compile's parts are compiled on the node by a worker in this interpreter, which
         # has genie and torch (src/node/compiled_parts.h).
-        env.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)
+        args += ["--compile-python", sys.executable]
         self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
                                         text=True, env=env)
         line = self._read_line(timeout_s=30.0)

@@ -2,6 +2,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -29,6 +30,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 # The embedded node's compiled packages (torch.compile(backend="genie")): kept in the build tree
 # between test runs, never in the user's cache.
 os.environ.setdefault("GENIE_NODE_COMPILE_CACHE", str(ROOT / "build" / "test-compile-cache"))
+os.environ.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)  # the nodes' compile worker: this venv
 
 
 @pytest.fixture

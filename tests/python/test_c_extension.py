@@ -227,6 +227,33 @@ def test_unknown_op_is_a_remote_error(client):
     assert err.value.node_message
 
 
+def test_call_graph_runs_a_registered_graph_and_names_what_is_wrong(client):
+    """genie::call_graph (torch.compile's parts, src/node/compiled_parts.h) as a graph's op: the
+    part runs (by the executor until a package exists); an unknown or malformed graph id, a
+    wrong input count or an output id past the graph's values is an error naming it."""
+    part = client.register_graph(_mlp_graph()).hex()
+    x, w, b = torch.randn(3, 8), torch.randn(8, 2), torch.randn(2)
+
+    def call(graph, outputs, n_inputs=3):
+        nodes = [("genie::call_graph", "", [("", graph), ("", outputs), ("", [ref(i) for i in range(n_inputs)])], 1)]
+        gid = client.register_graph(C.encode_graph([(torch.float32, None)] * n_inputs, 0, nodes))
+        return client.run_graph(gid, [(i, t) for i, t in enumerate([x, w, b][:n_inputs])], [],
+                                [(n_inputs, RETURN, None, EPHEMERAL)])
+
+    (y,) = call(part, [4])
+    torch.testing.assert_close(y, torch.relu(torch.addmm(b, x, w)))
+    with pytest.raises(GenieRemoteError, match=f"graph {'0' * 32} is not registered"):
+        call("0" * 32, [4])
+    with pytest.raises(GenieRemoteError, match="'xyz' is not a graph id"):
+        call("xyz", [4])
+    with pytest.raises(GenieRemoteError, match="takes 3 inputs, got 2"):
+        call(part, [4], n_inputs=2)
+    with pytest.raises(GenieRemoteError, match="has no value 99"):
+        call(part, [99])
+    (y,) = call(part, [4])  # the node serves on
+    torch.testing.assert_close(y, torch.relu(torch.addmm(b, x, w)))
+
+
 def test_wrong_port_is_a_connection_error(free_port):
     start = time.monotonic()
     with pytest.raises(GenieConnectionError, match=f"127.0.0.1:{free_port}"):

@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map
 
 from .. import _C
+from ..device import note_call_graph_outputs
 from . import fake
 from .options import CompileOptions, parse_options
 from .partition import is_part, partition, retarget_devices
@@ -114,25 +115,6 @@ def reset_stats() -> None:
 
 
 # ---- runners --------------------------------------------------------------------------------
-
-# (graph id, its inputs' geometry) -> its outputs' (sizes, strides, dtype), as the part's first
-# call recorded them: genie::call_graph's meta kernel. Parts are captured with static shapes.
-_part_outputs: dict[tuple, list[tuple]] = {}
-
-
-def _geometry(tensors) -> tuple:
-    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors)
-
-
-def part_meta(graph: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """genie::call_graph's meta kernel: the outputs of part `graph` for meta `inputs` (graph
-    input order), each a fresh tensor (a call's outputs own their storage). Raises
-    NotImplementedError for inputs of another geometry than the part was captured with."""
-    outputs = _part_outputs.get((graph, _geometry(inputs)))
-    if outputs is None:
-        raise NotImplementedError(f"genie::call_graph: part {graph} was not captured for inputs of this geometry")
-    return [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in outputs]
-
 
 @dataclass
 class _Capture:
@@ -237,8 +219,7 @@ class ExecutorPart(torch.nn.Module):
             return "the graph's inputs are not the part's arguments"
         capture = _Capture(graph, arg_of_input, [t.to(device) for t in inline_inputs], list(output_ids))
         self.tuple_output = isinstance(out, (tuple, list))
-        inputs = [args[i] for i in capture.arg_of_input] + capture.constants
-        _part_outputs[(graph, _geometry(inputs))] = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs]
+        note_call_graph_outputs(graph, [args[i] for i in capture.arg_of_input] + capture.constants, outs)
         return capture
 
 

@@ -338,8 +338,8 @@ std::string lastLine(const std::string& path) {
 }
 
 /// Deletes the least recently used packages (by modification time, which a load refreshes)
-/// until the *.pt2 files of `dir` take at most `limit` bytes.
-void evict(const std::string& dir, uint64_t limit) {
+/// but `keep` (the one just built) until the *.pt2 files of `dir` take at most `limit` bytes.
+void evict(const std::string& dir, uint64_t limit, const fs::path& keep) {
   std::vector<std::pair<fs::file_time_type, fs::path>> packages;
   uint64_t total = 0;
   std::error_code ec;
@@ -351,6 +351,7 @@ void evict(const std::string& dir, uint64_t limit) {
   std::sort(packages.begin(), packages.end());
   for (const auto& [when, path] : packages) {
     if (total <= limit) break;
+    if (path == keep) continue;
     const uint64_t size = fs::file_size(path, ec);
     if (fs::remove(path, ec)) {
       fs::path sidecar = path;
@@ -413,7 +414,7 @@ void CompiledParts::build(Part& part) {
     packages_built_.fetch_add(1, std::memory_order_relaxed);
     GENIE_LOG_INFO("compiled part {}: package {} built in {:.1f} s", part.graph_hex, part.key, seconds);
     fs::remove(stem + ".log", ec);  // the graph and the spec stay beside the package (what it was built from)
-    evict(cache_dir_, config_.cache_bytes);
+    evict(cache_dir_, config_.cache_bytes, package);
   }
   try {
     auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package);

@@ -416,3 +416,37 @@ def test_a_compiled_optimizer_step_equals_eager_cpu():
     # forward, backward, and the optimizer's update as an inference graph, each with node parts
     assert {g["kind"] for g in graphs} >= {"forward", "backward", "inference"}
     assert all(any(p["engine"] == "node" for p in g["parts"]) for g in graphs)
+
+
+_EVICT_PROGRAM = textwrap.dedent("""
+    import json, time, torch, genie
+    x = torch.randn(3, 4)
+    functions = [lambda t: torch.tanh(t) * 2, lambda t: torch.sigmoid(t) + 3]  # two parts, two packages
+    for f in functions:
+        compiled = torch.compile(f, backend="genie")
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            before = genie.memory_stats()["package_calls"]
+            out = compiled(x.to("remote_accelerator:0")).cpu()
+            torch.testing.assert_close(out, f(x))
+            if genie.memory_stats()["package_calls"] > before:
+                break
+            time.sleep(0.3)
+    stats = genie.memory_stats()
+    print(json.dumps({k: stats[k] for k in ("package_calls", "packages_built", "packages_loaded")}))
+""")
+
+
+def test_the_package_cache_keeps_to_its_size_limit(tmp_path):
+    cache = tmp_path / "packages"
+    env = dict(os.environ, GENIE_NODE_COMPILE_CACHE=str(cache), GENIE_NODE_COMPILE_CACHE_SIZE="1",
+               GENIE_LOG_LEVEL="info")
+    done = subprocess.run([sys.executable, "-c", _EVICT_PROGRAM], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    import json
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["packages_built"] == 2 and stats["package_calls"] >= 2, stats
+    # A 1-byte cache keeps only the package built last: the first one was evicted (logged).
+    assert len(list(cache.glob("*.pt2"))) == 1
+    assert "evicted" in done.stderr and "cache limit 1 bytes" in done.stderr, done.stderr[-3000:]

@@ -38,6 +38,10 @@ std::atomic<CompiledParts*> g_current{nullptr};
 
 /// Bumped when the worker's output changes meaning (part of every key).
 constexpr int kWorkerFormat = 1;
+/// Bounds on what clients can make the node keep: parts (graph and input geometries) tracked,
+/// and builds waiting for the compile thread. Past them a part runs by the executor, untracked.
+constexpr size_t kMaxParts = 4096;
+constexpr size_t kMaxQueuedBuilds = 64;
 
 std::string hexOf(std::string_view bytes) {
   const auto id = wire::hashGraph({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
@@ -217,6 +221,10 @@ std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& g
   auto found = parts_.find(signature);
   if (found != parts_.end()) return found->second;
   auto part = std::make_shared<Part>();
+  if (parts_.size() >= kMaxParts || queue_.size() >= kMaxQueuedBuilds) {
+    part->state = Part::State::kFailed;  // the executor runs it; nothing is kept
+    return part;
+  }
   part->graph_hex = graph;
   part->graph_id = *parseGraphId(graph);
   part->input_descs = std::move(descs);

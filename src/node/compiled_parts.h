@@ -19,7 +19,9 @@
 // a client sees what the executor would give it.
 //
 // Threads: calls come from session threads (concurrently); one compile thread builds and loads
-// packages in turn.
+// packages in turn. Bounded: at most 4096 parts (graph and input geometries) are tracked and 64
+// builds queued; a call past either bound runs by the executor and queues nothing, so clients
+// cannot make the node keep or compile without limit.
 #pragma once
 
 #include <ATen/Tensor.h>

@@ -204,11 +204,18 @@ def test_raw_tcp_garbage_leaves_the_node_serving_with_nothing_held(node):
     assert n.process.poll() is None, "genie-node died"
     assert _settles(n, fds, threads), f"fds {n.fds()} (was {fds}), threads {n.threads()} (was {threads})"
     assert n.rss_kib() - rss <= 2048, f"RSS grew by {n.rss_kib() - rss} KiB"
-    # No core busy while idle (UCX's connection manager spun on stuck sockets before the guard).
+    # No core busy while idle (UCX's connection manager spun on stuck sockets before the guard):
+    # once the last closes are processed (a loaded 2-core machine may take a few seconds), 2 s
+    # of idleness use under 0.1 s of CPU. A spinning core never gets there.
     time.sleep(0.5)
-    before = n.cpu_seconds()
-    time.sleep(2)
-    assert n.cpu_seconds() - before < 0.1, f"{n.cpu_seconds() - before:.2f} s of CPU in 2 s of idleness"
+    deadline = time.monotonic() + 6
+    while True:
+        before = n.cpu_seconds()
+        time.sleep(2)
+        used = n.cpu_seconds() - before
+        if used < 0.1 or time.monotonic() > deadline:
+            break
+    assert used < 0.1, f"{used:.2f} s of CPU in 2 s of idleness"
     # Still serving: a session, a tensor round trip.
     import torch
     with _client(n.port) as c:

@@ -112,18 +112,22 @@ def test_a_second_call_is_one_request_and_registers_nothing(remote_mlp):
     assert after["graphs_registered"] == before["graphs_registered"]
 
 
-def test_transformer_block_equals_eager_cpu():
-    def block():
-        torch.manual_seed(0)
-        return torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
-    cpu, remote = block(), block().to(DEV)
-    x = torch.randn(2, 5, 16)
+def _equals_eager_cpu_then_by_the_package(cpu, remote, x):
+    """`remote` compiled with backend="genie" equals `cpu` on `x`, on its first call (the
+    executor) and once the node runs it by its package."""
     compiled = torch.compile(remote, backend="genie")
     with torch.no_grad():
         out = compiled(x.to(DEV)).cpu()
         torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
         out = _until_run_by_package(lambda: compiled(x.to(DEV)).cpu())
     torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
+
+
+def test_transformer_block_equals_eager_cpu():
+    def block():
+        torch.manual_seed(0)
+        return torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
+    _equals_eager_cpu_then_by_the_package(block(), block().to(DEV), torch.randn(2, 5, 16))
 
 
 def test_conv_block_equals_eager_cpu():
@@ -131,14 +135,7 @@ def test_conv_block_equals_eager_cpu():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                    torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10)).eval()
-    cpu, remote = block(), block().to(DEV)
-    x = torch.randn(2, 3, 8, 8)
-    compiled = torch.compile(remote, backend="genie")
-    with torch.no_grad():
-        out = compiled(x.to(DEV)).cpu()
-        torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
-        out = _until_run_by_package(lambda: compiled(x.to(DEV)).cpu())
-    torch.testing.assert_close(out, cpu(x), rtol=1e-4, atol=1e-5)
+    _equals_eager_cpu_then_by_the_package(block(), block().to(DEV), torch.randn(2, 3, 8, 8))
 
 
 def test_training_steps_equal_eager_cpu():

@@ -208,26 +208,35 @@ CompiledParts::Counts CompiledParts::counts() const {
 std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& graph,
                                                             const std::vector<at::Tensor>& inputs,
                                                             const std::vector<int64_t>& output_ids) {
-  std::string signature = graph;
-  std::vector<std::string> descs;
-  descs.reserve(inputs.size());
+  // The lookup key, per call: the graph and each input's dtype, sizes, strides and offset as
+  // raw words (no formatting on the hot path); the readable form is made for a new part only.
+  std::string lookup = graph;
+  auto word = [&lookup](int64_t w) { lookup.append(reinterpret_cast<const char*>(&w), sizeof w); };
   for (const at::Tensor& t : inputs) {
-    descs.push_back(describe(t));
-    signature += '|';
-    signature += descs.back();
+    word(static_cast<int64_t>(t.scalar_type()));
+    word(t.dim());
+    for (int64_t d : t.sizes()) word(d);
+    for (int64_t d : t.strides()) word(d);
+    word(t.storage_offset());
   }
-  signature += fmt::format("|{}", fmt::join(output_ids, ","));
+  word(-1);
+  for (int64_t v : output_ids) word(v);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto found = parts_.find(signature);
+  auto found = parts_.find(lookup);
   if (found != parts_.end()) return found->second;
   auto part = std::make_shared<Part>();
   if (parts_.size() >= kMaxParts || queue_.size() >= kMaxQueuedBuilds) {
     part->state = Part::State::kFailed;  // the executor runs it; nothing is kept
     return part;
   }
+  std::string signature = graph;
+  for (const at::Tensor& t : inputs) {
+    part->input_descs.push_back(describe(t));
+    signature += '|' + part->input_descs.back();
+  }
+  signature += fmt::format("|{}", fmt::join(output_ids, ","));
   part->graph_hex = graph;
   part->graph_id = *parseGraphId(graph);
-  part->input_descs = std::move(descs);
   part->output_ids = output_ids;
   part->key = hexOf(fingerprint_ + "\n" + signature);
   if (cache_dir_.empty()) {
@@ -236,7 +245,7 @@ std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& g
     queue_.push_back(part);
     queue_cv_.notify_one();
   }
-  parts_.emplace(std::move(signature), part);
+  parts_.emplace(std::move(lookup), part);
   return part;
 }
 

@@ -407,22 +407,26 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       }, py::arg("returned"), py::arg("described"),
          "take_cut(returned, described) -> Cut: the passes on the pending graph (taken out of it). Raises a lost "
          "input's error; the pending graph is then as it was.")
-      .def("capture_part", [](Recording& r, py::sequence inputs, py::sequence outputs, const std::string& name) -> py::object {
-        auto captured = frontend::capturePart(r.pending(), valuesOf(inputs), valuesOf(outputs), name);
+      .def("capture_part", [](Recording& r, py::sequence inputs, py::sequence outputs, const std::string& name,
+                              int64_t since_seq) -> py::object {
+        auto captured = frontend::capturePart(r.pending(), valuesOf(inputs), valuesOf(outputs), name, since_seq);
         if (auto* why = std::get_if<std::string>(&captured)) return py::str(*why);
         auto& part = std::get<frontend::CapturedPart>(captured);
         py::list inline_inputs;
         for (const at::Tensor& t : part.inline_inputs) {
           inline_inputs.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
         }
-        return py::make_tuple(py::bytes(part.graph), part.input_ids, inline_inputs, part.output_ids, part.num_nodes);
-      }, py::arg("inputs"), py::arg("outputs"), py::arg("name") = "",
-         "capture_part(inputs, outputs, name='') -> (graph: bytes, input_ids, inline_inputs, output_ids, num_nodes) | str: "
-         "the pending ops that compute `outputs` (Values) from `inputs` (Values) as a wire Graph whose inputs are "
-         "`inputs` (graph input input_ids[i]), then `inline_inputs` (0-dim host tensors); output i is wire value "
-         "output_ids[i]. A str says why the part cannot stand alone (an output aliases an input, an op writes an "
-         "input, a value read is neither an input nor made by the part). The ops stay pending. `name`: the Graph's "
-         "name (genie.compile: the compile mode).")
+        return py::make_tuple(py::bytes(part.graph), part.input_ids, inline_inputs, part.output_ids, part.written,
+                              part.num_nodes);
+      }, py::arg("inputs"), py::arg("outputs"), py::arg("name") = "", py::arg("since_seq") = INT64_MAX,
+         "capture_part(inputs, outputs, name='', since_seq=max) -> (graph: bytes, input_ids, inline_inputs, output_ids, "
+         "written, num_nodes) | str: the pending ops that compute `outputs` (Values) from `inputs` (Values), and the "
+         "ops recorded from `since_seq` on (genie._C.next_seq()) that write an input with what they read, as a wire "
+         "Graph whose inputs are `inputs` (graph input input_ids[i]), then `inline_inputs` (0-dim host tensors); output "
+         "i is wire value output_ids[i]; `written`: positions in `inputs` whose storage the part writes. A str says "
+         "why the part cannot stand alone (an output aliases an input, an op writes an input before since_seq or also "
+         "another tensor, a value read is neither an input nor made by the part). The ops stay pending. `name`: the "
+         "Graph's name (genie.compile: the compile mode).")
       .def("registered", [](Recording& r, Cut& cut, py::bytes graph_id) {
         cut.prepared.graph_id = idOf<wire::GraphId>(graph_id, "registered");
         r.graphs().remember(cut.lowered, cut.prepared.lifted, *cut.prepared.graph_id);
@@ -438,6 +442,7 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
       }, "The value's exact contents computed on the host (genie.host_eval), or None.");
 
+  m.def("next_seq", &frontend::nextSeq, "next_seq() -> int: the seq (program order) the next recorded op gets.");
   m.def("lazy_value", [](py::handle t) -> py::object {
     if (!THPVariable_Check(t.ptr())) return py::none();
     auto* impl = frontend::lazyImpl(THPVariable_Unpack(t.ptr()));

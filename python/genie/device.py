@@ -113,10 +113,12 @@ def note_call_graph_outputs(graph: str, inputs: list[torch.Tensor], outputs) -> 
     _call_graph_outputs[(graph, _geometry(inputs))] = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outputs]
 
 
-def _call_graph_meta(graph: str, outputs: list[int], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _call_graph_meta(graph: str, outputs: list[int], inputs: list[torch.Tensor],
+                     written: list[torch.Tensor]) -> list[torch.Tensor]:
     """genie::call_graph's meta kernel: fresh tensors (a call's outputs own their storage) of
-    the geometry noted for these inputs. Raises NotImplementedError for inputs of another
-    geometry than the part was captured with."""
+    the geometry noted for these inputs (`written`, inputs the part writes in place, change no
+    geometry). Raises NotImplementedError for inputs of another geometry than the part was
+    captured with."""
     noted = _call_graph_outputs.get((graph, _geometry(inputs)))
     if noted is None:
         raise NotImplementedError(f"genie::call_graph: part {graph} was not captured for inputs of this geometry")
@@ -142,8 +144,9 @@ def register() -> None:
     _genie_library.define("get_rng_state(Device device) -> Tensor")
     _genie_library.define("set_rng_state(Device device, Tensor state) -> ()")
     # A compiled part (genie.compile, src/node/compiled_parts.h): one op of the recorded graph;
-    # its outputs' shapes come from the part's FX graph run on meta tensors.
-    _genie_library.define("call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]")
+    # its outputs' shapes come from the part's capture. `written`: the inputs it writes in place
+    # (a KV cache's update), declared so that the recorder and autograd see the writes.
+    _genie_library.define("call_graph(str graph, int[] outputs, Tensor[] inputs, Tensor(a!)[] written) -> Tensor[]")
     _genie_library.impl("call_graph", _call_graph_meta, "Meta")
     # Composite ops kept whole: the recorder's PrivateUse1 kernel stops PyTorch from decomposing
     # them, so the node runs its fused kernel and the graph shows attention as such. A kernel for

@@ -250,7 +250,8 @@ std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& g
 }
 
 std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std::vector<int64_t>& output_ids,
-                                            const std::vector<at::Tensor>& inputs) {
+                                            const std::vector<at::Tensor>& inputs,
+                                            const std::vector<at::Tensor>& written) {
   const auto id = parseGraphId(graph);
   TORCH_CHECK(id.has_value(), "genie::call_graph: '", graph, "' is not a graph id (32 lowercase hex digits)");
   auto compiled = graphs_.find(*id);
@@ -260,6 +261,12 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
   for (int64_t v : output_ids) {
     TORCH_CHECK(v >= 0 && static_cast<uint64_t>(v) < compiled->numValues(), "genie::call_graph: graph ", graph,
                 " has no value ", v);
+  }
+  for (size_t i = 0; i < written.size(); ++i) {
+    const bool is_input = std::any_of(inputs.begin(), inputs.end(), [&](const at::Tensor& t) {
+      return t.defined() && written[i].defined() && t.is_alias_of(written[i]);
+    });
+    TORCH_CHECK(is_input, "genie::call_graph: graph ", graph, ": written[", i, "] is not one of its inputs");
   }
   auto part = partFor(graph, inputs, output_ids);
   bool ready;
@@ -290,8 +297,14 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
       failures_.fetch_add(1, std::memory_order_relaxed);
       GENIE_LOG_WARN("compiled part {} (package {}): the package failed ({}); it runs by the executor from now on",
                      graph, part->key, e.what());
-      std::lock_guard<std::mutex> lock(mutex_);
-      part->state = Part::State::kFailed;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        part->state = Part::State::kFailed;
+      }
+      // A part that writes its inputs may have written some: running it again would apply
+      // the writes twice. This call fails; the next one runs by the executor.
+      TORCH_CHECK(written.empty(), "genie::call_graph: graph ", graph, ": its package failed after it may have "
+                  "written its inputs (", e.what(), "); the part runs by the executor from the next call");
     }
   }
   auto values = executor_.run(*compiled, inputs, {});
@@ -456,13 +469,16 @@ void CompiledParts::build(Part& part) {
 
 }  // namespace genie::node
 
-// genie::call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]
+// genie::call_graph(str graph, int[] outputs, Tensor[] inputs, Tensor(a!)[] written) -> Tensor[]
 //   Runs registered part `graph` (32 hex digits) on `inputs`; returns its values `outputs`.
+//   `written`: the inputs the part writes in place (each also in `inputs`), declared so that
+//   the recorder and autograd see the writes.
 TORCH_LIBRARY_FRAGMENT(genie, m) {
-  m.def("call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]",
-        [](const std::string& graph, const std::vector<int64_t>& outputs, const std::vector<at::Tensor>& inputs) {
+  m.def("call_graph(str graph, int[] outputs, Tensor[] inputs, Tensor(a!)[] written) -> Tensor[]",
+        [](const std::string& graph, const std::vector<int64_t>& outputs, const std::vector<at::Tensor>& inputs,
+           const std::vector<at::Tensor>& written) {
           auto* parts = genie::node::CompiledParts::current();
           TORCH_CHECK(parts != nullptr, "genie::call_graph: this process runs no genie-node service");
-          return parts->call(graph, outputs, inputs);
+          return parts->call(graph, outputs, inputs, written);
         });
 }

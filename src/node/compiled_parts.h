@@ -1,9 +1,10 @@
 // CompiledParts: the node side of torch.compile(backend="genie") (docs/compile.md).
 //
 // A compiled call reaches the node as one op of an ordinary graph,
-//   genie::call_graph(str graph, int[] outputs, Tensor[] inputs) -> Tensor[]
+//   genie::call_graph(str graph, int[] outputs, Tensor[] inputs, Tensor(a!)[] written) -> Tensor[]
 // naming a part graph registered before (its GraphId as 32 hex digits), the wire value ids of
-// its outputs and its inputs. The part runs by one of two engines:
+// its outputs, its inputs, and the inputs it writes in place (a KV cache's update; each also in
+// `inputs`: declared for the client's recorder and autograd). The part runs by one of two engines:
 //  - "package": an AOT Inductor package (torch._inductor.aoti_compile_and_package) built for
 //    the part and these input shapes by a compile worker (`python -m genie.compile.worker`, a
 //    process on this host) and run in C++ by torch::inductor::AOTIModelPackageLoader;
@@ -51,10 +52,12 @@ class CompiledParts {
   /// Stops the compile thread (a running worker is killed) and uninstalls itself.
   ~CompiledParts();
 
-  /// Runs part `graph` (32 hex digits) on `inputs` and returns the values `output_ids`. Throws
-  /// c10::Error naming the part for an unknown graph, and what the executor raised.
+  /// Runs part `graph` (32 hex digits) on `inputs` and returns the values `output_ids`; the
+  /// part's ops write `written` (inputs too) in place. Throws c10::Error naming the part for an
+  /// unknown graph, a `written` tensor that is no input, what the executor raised, and a
+  /// package failure of a part that writes inputs (not run again: the writes may be done).
   std::vector<at::Tensor> call(const std::string& graph, const std::vector<int64_t>& output_ids,
-                               const std::vector<at::Tensor>& inputs);
+                               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& written);
 
   struct Counts {
     uint64_t package_calls = 0;   // calls run by a package

@@ -230,12 +230,14 @@ def test_unknown_op_is_a_remote_error(client):
 def test_call_graph_runs_a_registered_graph_and_names_what_is_wrong(client):
     """genie::call_graph (torch.compile's parts, src/node/compiled_parts.h) as a graph's op: the
     part runs (by the executor until a package exists); an unknown or malformed graph id, a
-    wrong input count or an output id past the graph's values is an error naming it."""
+    wrong input count, an output id past the graph's values or a `written` tensor that is no
+    input is an error naming it."""
     part = client.register_graph(_mlp_graph()).hex()
     x, w, b = torch.randn(3, 8), torch.randn(8, 2), torch.randn(2)
 
     def call(graph, outputs, n_inputs=3):
-        nodes = [("genie::call_graph", "", [("", graph), ("", outputs), ("", [ref(i) for i in range(n_inputs)])], 1)]
+        nodes = [("genie::call_graph", "", [("", graph), ("", outputs), ("", [ref(i) for i in range(n_inputs)]),
+                                            ("", [])], 1)]
         gid = client.register_graph(C.encode_graph([(torch.float32, None)] * n_inputs, 0, nodes))
         return client.run_graph(gid, [(i, t) for i, t in enumerate([x, w, b][:n_inputs])], [],
                                 [(n_inputs, RETURN, None, EPHEMERAL)])
@@ -250,6 +252,12 @@ def test_call_graph_runs_a_registered_graph_and_names_what_is_wrong(client):
         call(part, [4], n_inputs=2)
     with pytest.raises(GenieRemoteError, match="has no value 99"):
         call(part, [99])
+    # `written` (the inputs a part writes in place) must name inputs of the call.
+    nodes = [("genie::call_graph", "", [("", part), ("", [4]), ("", [ref(0), ref(1), ref(2)]), ("", [ref(3)])], 1)]
+    gid = client.register_graph(C.encode_graph([(torch.float32, None)] * 4, 0, nodes))
+    with pytest.raises(GenieRemoteError, match=r"written\[0\] is not one of its inputs"):
+        client.run_graph(gid, [(i, t) for i, t in enumerate([x, w, b, torch.zeros(2)])], [],
+                         [(4, RETURN, None, EPHEMERAL)])
     (y,) = call(part, [4])  # the node serves on
     torch.testing.assert_close(y, torch.relu(torch.addmm(b, x, w)))
 

@@ -327,10 +327,11 @@ def test_gpt2_decode_with_a_static_kv_cache_runs_by_the_package():
     assert stats["recompiles"] - first_stats["recompiles"] <= 1
     graphs = stats["graphs"][first:]
     assert len(graphs) == 1 and graphs[0]["kind"] == "inference"
-    # One node part; the cache's in-place updates (index_copy_ written back) run outside it.
-    node_parts = [p for p in graphs[0]["parts"] if p["engine"] == "node"]
-    assert len(node_parts) == 1 and genie.memory_stats(DEV)["package_calls"] > before
-    assert {op for p in graphs[0]["parts"] if p["engine"] == "eager" for op in p["ops"]} == {"aten.copy_.default"}
+    # One node part, the cache's in-place updates (index_copy written back by copy_) in it: the
+    # part writes its inputs, the whole step is one op; nothing runs eagerly.
+    assert [p["engine"] for p in graphs[0]["parts"]] == ["node"]
+    assert graphs[0]["parts"][0]["ops"].count("aten.copy_.default") >= 2 * cpu.config.n_layer  # keys, values
+    assert genie.memory_stats(DEV)["package_calls"] > before
 
 
 _RESTART_PROGRAM = textwrap.dedent("""

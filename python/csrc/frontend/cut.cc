@@ -319,19 +319,31 @@ Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& ex
 
 std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
                                                     const std::vector<ValuePtr>& inputs,
-                                                    const std::vector<ValuePtr>& outputs, const std::string& name) {
-  // The nodes between: from the outputs back through producers, stopping at the inputs.
+                                                    const std::vector<ValuePtr>& outputs, const std::string& name,
+                                                    int64_t since_seq) {
   const uint32_t epoch = nextEpoch();
   std::unordered_set<const Storage*> input_storages;
   for (const ValuePtr& v : inputs) {
     v->needed_epoch = epoch;
     input_storages.insert(v->storage.get());
   }
+  auto writesInput = [&](const Node& node) {
+    return std::any_of(node.writes.begin(), node.writes.end(),
+                       [&](const StoragePtr& s) { return input_storages.count(s.get()) != 0; });
+  };
+  // The nodes between: from the outputs back through producers, stopping at the inputs; and
+  // from the write-backs (ops of the part, recorded from `since_seq` on, that write an input:
+  // a functionalized graph's copy_ of an updated KV cache into the cache), which join it.
   std::unordered_set<const Node*> reached;
   std::vector<Value*> stack;
   for (const ValuePtr& v : outputs) {
     if (input_storages.count(v->storage.get()) != 0) return "output " + v->str() + " aliases an input";
     stack.push_back(v.get());
+  }
+  for (const NodePtr& node : pending) {
+    if (node->seq < since_seq || !writesInput(*node)) continue;
+    reached.insert(node.get());
+    for (Value* in : node->inputs()) stack.push_back(in);
   }
   while (!stack.empty()) {
     Value* v = stack.back();
@@ -344,10 +356,15 @@ std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& 
     for (Value* in : v->producer->inputs()) stack.push_back(in);
   }
   std::vector<NodePtr> nodes;
+  std::unordered_set<const Storage*> written;
   for (const NodePtr& node : pending) {
     if (reached.count(node.get()) == 0) continue;
-    for (const StoragePtr& s : node->writes) {
-      if (input_storages.count(s.get()) != 0) return node->opName() + " writes an input";
+    if (writesInput(*node)) {
+      if (node->seq < since_seq) return node->opName() + " writes an input before the part";
+      for (const StoragePtr& s : node->writes) {
+        if (input_storages.count(s.get()) == 0) return node->opName() + " writes an input and a tensor of its own";
+        written.insert(s.get());
+      }
     }
     nodes.push_back(node);
   }
@@ -363,6 +380,11 @@ std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& 
     if (input.kind == LoweredInput::kInline) part.inline_inputs.push_back(input.tensor);
   }
   for (const ValuePtr& v : outputs) part.output_ids.push_back(lowered.idOf(v.get()));
+  std::unordered_set<const Storage*> listed;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Storage* s = inputs[i]->storage.get();
+    if (written.count(s) != 0 && listed.insert(s).second) part.written.push_back(static_cast<uint32_t>(i));
+  }
   part.num_nodes = nodes.size();
   part.graph = encodeGraph(nodes, lowered, {}, name);
   return part;

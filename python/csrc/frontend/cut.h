@@ -92,17 +92,23 @@ struct CapturedPart {
   std::vector<uint32_t> input_ids;       // graph input id of each given input (repeats share one)
   std::vector<at::Tensor> inline_inputs;  // 0-dim host tensors the ops read: the inputs after the given ones
   std::vector<uint32_t> output_ids;      // wire value id of each given output
+  std::vector<uint32_t> written;         // positions in the given inputs whose storage the part writes (one per storage)
   size_t num_nodes = 0;
 };
 /// The pending nodes that compute `outputs` from `inputs` (pending or resident values), lowered
 /// with the inputs as graph inputs 0..n-1 (weights too: a part is bound per call) and every
-/// number as a literal. A reason instead when the part cannot stand alone: an output aliases an
-/// input, an op writes an input, or a value it reads is neither an input nor made by its ops.
-/// The nodes stay pending (they run as recorded). `name`: the Graph's name (genie.compile: the
-/// compile mode, which the node's compile worker reads).
+/// number as a literal, with the write-backs: the nodes recorded from `since_seq` on (Node::seq)
+/// that write an input's storage (a functionalized graph's copy_ of an updated KV cache or
+/// BatchNorm statistic into the input), and the nodes they read from; `written` lists those
+/// inputs. A reason instead when the part cannot stand alone: an output aliases an input, an op
+/// writes an input before `since_seq` or writes an input and another tensor, or a value it
+/// reads is neither an input nor made by its ops. The nodes stay pending (they run as
+/// recorded). `name`: the Graph's name (genie.compile: the compile mode, which the node's
+/// compile worker reads).
 std::variant<CapturedPart, std::string> capturePart(const std::vector<NodePtr>& pending,
                                                     const std::vector<ValuePtr>& inputs,
-                                                    const std::vector<ValuePtr>& outputs, const std::string& name);
+                                                    const std::vector<ValuePtr>& outputs, const std::string& name,
+                                                    int64_t since_seq);
 
 /// Step 4: registered graphs by structure, per connection.
 class GraphCache {

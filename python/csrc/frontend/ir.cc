@@ -63,6 +63,8 @@ NodePtr Node::make(c10::OperatorHandle op, const OpFacts& facts, std::vector<c10
   return NodePtr::reclaim(new Node(std::move(op), facts, std::move(args), outputs, std::move(writes), seq));
 }
 
+int64_t nextSeq() { return g_sequence.load(std::memory_order_relaxed); }
+
 uint32_t nextEpoch() {
   static uint32_t epoch = 0;
   return ++epoch == 0 ? ++epoch : epoch;  // 0 never: fields start at 0

@@ -161,6 +161,8 @@ class ShownArgs {
 };
 /// A new epoch for the scratch fields of the passes (under the process lock).
 uint32_t nextEpoch();
+/// The `seq` the next recorded node gets (program order, process-wide).
+int64_t nextSeq();
 
 /// "aten::add.Tensor" for an operator (no ".default").
 std::string opNameOf(const c10::OperatorHandle& op);

@@ -126,6 +126,7 @@ class _Capture:
     arg_of_input: list[int]
     constants: list[torch.Tensor]
     output_ids: list[int]
+    written: list[int]  # the arguments the part writes in place (a KV cache's copy_ write-back)
 
 
 def _varies(val) -> bool:
@@ -142,9 +143,11 @@ class ExecutorPart(torch.nn.Module):
     captures those ops as one graph, registered on the node (`_C` Recording.capture_part). A
     later call of that geometry records one op, `genie::call_graph(graph, outputs, inputs)`,
     which the node runs by an AOT Inductor package or, until it is built, by its executor
-    (src/node/compiled_parts.h): nothing of the part is recorded or sent again. A part that
-    cannot stand alone (an output aliases an input, an op writes an input, an argument that is
-    not a remote tensor or an int) keeps running its FX graph; `why` says why. At most
+    (src/node/compiled_parts.h): nothing of the part is recorded or sent again. Write-backs
+    (partition.py: `copy_` of an updated KV cache into an argument) are captured with the part,
+    which then writes those arguments in place (call_graph's `written`). A part that cannot
+    stand alone (an output aliases an input, an op other than a write-back writes an input, an
+    argument that is not a remote tensor or an int) keeps running its FX graph; `why` says why. At most
     `MAX_CAPTURES` geometries are captured per part; others run the FX graph."""
 
     MAX_CAPTURES = 32
@@ -169,11 +172,16 @@ class ExecutorPart(torch.nn.Module):
         capture = self.captures.get(key) if key is not None else None
         if capture is not None:
             inputs = [args[i] for i in capture.arg_of_input] + capture.constants
-            out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs)
-            return tuple(out) if self.tuple_output else out[0]
+            out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs,
+                                             [args[i] for i in capture.written])
+            return (tuple(out) if self.tuple_output else out[0]) if self.returns else None
+        capturing = key is not None and len(self.captures) < self.MAX_CAPTURES
+        # What the part reads: the arguments' values before its write-backs rebind them.
+        read = [_C.lazy_value(a) if isinstance(a, torch.Tensor) else None for a in args] if capturing else None
+        since = _C.next_seq()
         out = self.gm(*args)
-        if key is not None and len(self.captures) < self.MAX_CAPTURES:
-            captured = self._capture(args, out)
+        if capturing:
+            captured = self._capture(args, read, out, since)
             if isinstance(captured, str):
                 self.why = self.part.why = captured
                 self.part.engine = "recorded"
@@ -193,12 +201,13 @@ class ExecutorPart(torch.nn.Module):
                 return None
         return tuple(key)
 
-    def _capture(self, args, out) -> _Capture | str:
-        """Captures the part just recorded (see the class docstring); a reason when it cannot."""
+    def _capture(self, args, read: list, out, since: int) -> _Capture | str:
+        """Captures the part just recorded (its ops from seq `since` on, which read the values
+        `read` of `args`; see the class docstring); a reason when it cannot."""
         from ..runtime import lock, runtime_for
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
         tensor_args = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        if not all(_C.is_lazy(args[k]) for k in tensor_args) or not all(_C.is_lazy(o) for o in outs):
+        if any(read[k] is None for k in tensor_args) or not all(_C.is_lazy(o) for o in outs):
             return "an argument or a result is not a remote tensor"
         devices = {args[k].device for k in tensor_args} | {o.device for o in outs}
         if len(devices) != 1:
@@ -206,19 +215,21 @@ class ExecutorPart(torch.nn.Module):
         device = devices.pop()
         runtime = runtime_for(device)
         with lock:
-            captured = runtime.recording.capture_part([runtime.value_of(args[k]) for k in tensor_args],
-                                                      [runtime.value_of(o) for o in outs], self.mode)
+            captured = runtime.recording.capture_part([read[k] for k in tensor_args],
+                                                      [runtime.value_of(o) for o in outs], self.mode, since)
             if isinstance(captured, str):
                 return captured
-            graph_bytes, input_ids, inline_inputs, output_ids, _ = captured
+            graph_bytes, input_ids, inline_inputs, output_ids, written, _ = captured
             graph = runtime._request("register_graph", graph_bytes).hex()
         arg_of_input = [-1] * (max(input_ids, default=-1) + 1)
         for k, input_id in zip(tensor_args, input_ids):
             arg_of_input[input_id] = k
         if any(i < 0 for i in arg_of_input):
             return "the graph's inputs are not the part's arguments"
-        capture = _Capture(graph, arg_of_input, [t.to(device) for t in inline_inputs], list(output_ids))
+        capture = _Capture(graph, arg_of_input, [t.to(device) for t in inline_inputs], list(output_ids),
+                           [tensor_args[i] for i in written])
         self.tuple_output = isinstance(out, (tuple, list))
+        self.returns = out is not None
         note_call_graph_outputs(graph, [args[i] for i in capture.arg_of_input] + capture.constants, outs)
         return capture
 

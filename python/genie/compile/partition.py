@@ -4,19 +4,23 @@
   dispatcher by name): an aten `OpOverload` (or a `getitem` of one's tuple) whose tensor
   arguments and results are all on remote_accelerator, that the C++ recorder records as it is
   (genie.ops `route`: not a host transfer, not a Python-only or scalar-returning op), and that
-  returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read), and
-  that neither writes a graph input nor is a view of one that the graph returns (a functionalized graph's `copy_`
-  back into a KV cache or a BatchNorm statistic, a forward graph's `t(weight)` saved for the
-  backward stay outside the parts, recorded as eager records them), so that a part is a pure
-  function whose outputs own their memory: the node may run it as a compiled package.
+  returns tensors only (no host scalar: `aten::_local_scalar_dense` is a host read), that
+  writes no graph input but by a write-back (a functionalized graph's `copy_(input, updated)`
+  of a KV cache or a BatchNorm statistic: the part writes its input in place, declared by
+  `genie::call_graph`'s `written`), and that is no view of an input the graph returns (a
+  forward graph's `t(weight)` saved for the backward stays outside, recorded as eager records
+  it), so that a part's outputs own their memory: the node may run it as a compiled package.
   Everything else (Python custom ops, `prims`, host reads, ops on CPU tensors) is a host part.
 - `partition(gm)`: `CapabilityBasedPartitioner` (torch.fx.passes.infra.partitioner) groups
   the supported nodes into submodules `fused_<i>`; unsupported nodes stay in the outer graph.
+  A write-back stays outside when its part would run before a node outside it that reads the
+  input (that node reads the value before the write, in program order).
 - `retarget_devices(gm, device)`: factory calls that name the CPU (`torch.arange(n,
   device="cpu")`, a graph traced from CPU inputs) name `device` instead.
 """
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
@@ -46,8 +50,19 @@ def _on_device(value) -> bool:
                                for v in items)
 
 
+def _is_write_back(node: torch.fx.Node) -> bool:
+    """`aten.copy_(input, value)` of a graph input (a functionalized graph's write-back)."""
+    return (node.target is torch.ops.aten.copy_.default and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].op == "placeholder")
+
+
 class NodeSupport(OperatorSupportBase):
-    """Which FX nodes the node's executor runs (see the module docstring)."""
+    """Which FX nodes the node's executor runs (see the module docstring); `kept_out`: names
+    of write-back nodes to keep outside the parts."""
+
+    def __init__(self, kept_out: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.kept_out = kept_out
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op != "call_function":
@@ -60,9 +75,12 @@ class NodeSupport(OperatorSupportBase):
         info = ops.op_info(target)
         if info.route not in _NODE_ROUTES:
             return False
-        if any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
-               for i in info.writes):
-            return False  # an in-place update of an input (a KV cache, BN statistics): kept outside parts
+        if _is_write_back(node):
+            if node.name in self.kept_out:
+                return False
+        elif any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
+                 for i in info.writes):
+            return False  # an in-place op on an input other than a write-back: kept outside parts
         if (info.returns and any(u.op == "output" for u in node.users)
                 and all(kind == "view" and i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
                         and node.args[i].op == "placeholder" for kind, i in info.returns)):
@@ -79,8 +97,35 @@ class NodeSupport(OperatorSupportBase):
 
 def partition(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """`gm` with its supported nodes fused into submodules `fused_<i>` (in place; returned)."""
-    partitioner = CapabilityBasedPartitioner(gm, NodeSupport(), allows_single_node_partition=True)
-    return partitioner.partition_and_fuse()
+    has_write_backs = any(_is_write_back(n) for n in gm.graph.nodes)
+    original = copy.deepcopy(gm) if has_write_backs else None
+    split = _fuse(gm, NodeSupport())
+    misplaced = _misplaced_write_backs(split) if has_write_backs else frozenset()
+    if not misplaced:
+        return split
+    return _fuse(original, NodeSupport(kept_out=misplaced))
+
+
+def _fuse(gm: torch.fx.GraphModule, support: NodeSupport) -> torch.fx.GraphModule:
+    return CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True).partition_and_fuse()
+
+
+def _misplaced_write_backs(split: torch.fx.GraphModule) -> frozenset[str]:
+    """The write-backs fused into a part that runs before an outer node reading their input."""
+    order = {n: k for k, n in enumerate(split.graph.nodes)}
+    misplaced = set()
+    for call in split.graph.nodes:
+        if call.op != "call_module" or not is_part(str(call.target)):
+            continue
+        sub = split.get_submodule(str(call.target))
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for node in sub.graph.nodes:
+            if node.op != "call_function" or not _is_write_back(node):
+                continue
+            outer = call.args[placeholders.index(node.args[0])]
+            if any(user is not call and order[user] > order[call] for user in outer.users):
+                misplaced.add(node.name)
+    return frozenset(misplaced)
 
 
 def is_part(name: str) -> bool:

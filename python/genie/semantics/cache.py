@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import operator
 import struct
 import threading
 import time
@@ -115,13 +116,17 @@ def program_form(graph: SemGraph) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(form), tuple(order)
 
 
+_NODE_STRUCTURE = operator.attrgetter("key", "inputs", "outputs")
+_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
+
+
 def raw_form(graph: SemGraph) -> tuple:
     """The graph's exact structure with its own value ids: inputs (id, kind, written, rank), per
     node (label, input ids, output ids), outputs, backward flag. Equal raw forms are the same
     graph up to sizes; the cheapest key, used before `program_form`."""
     vals = graph.values
     return (tuple([(v, vals[v].kind, vals[v].mutated, len(vals[v].shape)) for v in graph.inputs]),
-            tuple([(n.key, n.inputs, n.outputs) for n in graph.nodes]), graph.outputs, graph.backward)
+            tuple(map(_NODE_STRUCTURE, graph.nodes)), graph.outputs, graph.backward)
 
 
 def _adjacency(graph: SemGraph) -> tuple[list[list[tuple[int, int, int]]], list[list[tuple[int, int, int]]], int]:
@@ -252,8 +257,7 @@ def canonical_form(graph: SemGraph, labels: list[int], n_in: int) -> tuple[tuple
 
 def shape_key(graph: SemGraph, value_order: Sequence[int]) -> tuple:
     """The level-2 key part: (shape, dtype) of every value, in `value_order`."""
-    vals = graph.values
-    return tuple([(vals[v].shape, vals[v].dtype) for v in value_order])
+    return tuple(map(_SHAPE_DTYPE, map(graph.values.__getitem__, value_order)))
 
 
 # ---- entries ----------------------------------------------------------------------------------------

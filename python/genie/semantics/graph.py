@@ -31,6 +31,7 @@ list with op names, input/output ids, shapes and attrs, for adapters from other 
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -70,6 +71,12 @@ _ITEMSIZE = {
 }
 
 
+@lru_cache(maxsize=4096)
+def dtype_name(dtype: Any) -> str:
+    """`torch.float32` or `"torch.float32"` -> `"float32"` (interned)."""
+    return sys.intern(str(dtype).removeprefix("torch."))
+
+
 @lru_cache(maxsize=None)
 def base_name(op: str) -> str:
     """`"aten::add.Tensor"` -> `"aten::add"`; `"aten::add_.Tensor"` -> `"aten::add_"`."""
@@ -82,11 +89,6 @@ def functional_name(op: str) -> str:
     """The base name without a trailing in-place underscore: `"aten::index_copy_"` -> `"aten::index_copy"`."""
     b = base_name(op)
     return b[:-1] if b.endswith("_") and not b.endswith("__") else b
-
-
-def dtype_name(dtype: Any) -> str:
-    """`torch.float32` or `"torch.float32"` -> `"float32"`."""
-    return str(dtype).removeprefix("torch.")
 
 
 def itemsize(dtype: str) -> int:
@@ -178,7 +180,7 @@ def structural_key(op: str, attrs: Iterable[tuple[str, Any]], write_positions: I
     if w:
         parts.append(f"writes={w}")
     parts.append("r=" + ",".join(str(r) for r in ranks))
-    return "|".join(parts)
+    return sys.intern("|".join(parts))  # one object per distinct label: cheap to hash and compare
 
 
 class GraphBuilder:

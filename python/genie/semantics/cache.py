@@ -20,13 +20,13 @@ order, and per node its label, input numbers and output count. Equal forms are a
 isomorphism, which also maps the entry's node and value ids onto the graph's. A graph whose
 form differs is a miss (counted as a collision) and gets its own entry.
 
-Before hashing, two exact memos are tried: the graph's raw form (labels with its own value
-ids: a graph captured again from the same program) and its program-order form (values
-renumbered by first use: the same program with other ids). Both are compared whole (dict keys),
-so they only ever return the entry that graph's structure was confirmed for.
+Before hashing, two exact memos are tried: the graph's raw form (`SemGraph.structure`, labels
+with its own value ids: a graph captured again from the same program) and its program-order
+form (values renumbered by first use: the same program with other ids). Both are compared
+whole (dict keys), so they only ever return the entry that graph's structure was confirmed for.
 
 Level 2 (shapes): keyed by (level-1 entry, the shapes and dtypes of all values in the entry's
-value order), compared exactly. It caches what shapes decide: costs per node, match details
+value order: `SemGraph.shapes` when the graph's ops are in the entry's order), compared exactly. It caches what shapes decide: costs per node, match details
 (heads, sequence lengths), phases per node and of the graph.
 
 Counters (`stats()`): hits, misses, collisions per level; latency (µs, the whole `analyze`
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import operator
 import struct
 import threading
 import time
@@ -47,7 +46,7 @@ from typing import Sequence
 from . import cost as _cost
 from . import phases as _phases
 from . import residency as _residency
-from .graph import PASSTHROUGH_OPS, VIEW_OPS, SemGraph
+from .graph import PASSTHROUGH_OPS, VIEW_OPS, SemGraph, encode_shapes, label_id
 from .groups import CLIENT, Edge, Group, GroupGraph
 from .patterns import Match, find_matches, patterns, registry_generation
 
@@ -79,54 +78,25 @@ def _input_label(graph: SemGraph, vid: int) -> str:
     return f"input:{v.kind}:{int(v.mutated)}:{len(v.shape)}"
 
 
-_KEY_IDS: dict[str, int] = {}
-
-
-def _key_id(text: str) -> int:
-    """A small int standing for a structural label within this process (for flat, fast forms)."""
-    v = _KEY_IDS.get(text)
-    if v is None:
-        v = _KEY_IDS[text] = len(_KEY_IDS)
-    return v
-
-
 def program_form(graph: SemGraph) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(form, value order): the graph's exact structure in program order as one flat tuple of
-    ints, and the value ids in the order the form numbers them (inputs by first use, then node
-    outputs). Form: input count, each input's label id, then per node its label id, input
-    count, input numbers, output count; then the output numbers and the backward flag."""
-    order = list(graph.inputs)
-    for n in graph.nodes:
-        order.extend(n.outputs)
+    ints, and the value ids in the order the form numbers them (`graph.value_order`: inputs by
+    first use, then node outputs). Form: input count, each input's label id, then per node its
+    label id, input count, input numbers, output count; then the output numbers and the
+    backward flag. Equal forms are the same graph up to value ids and sizes."""
+    order = graph.value_order
     num = {vid: i for i, vid in enumerate(order)}
     form = [len(graph.inputs)]
-    form.extend([_key_id(_input_label(graph, v)) for v in graph.inputs])
+    form.extend([label_id(_input_label(graph, v)) for v in graph.inputs])
     ext = form.extend
-    kid = _KEY_IDS.get
     for n in graph.nodes:
-        k = kid(n.key)
-        if k is None:
-            k = _key_id(n.key)
-        ext((k, len(n.inputs)))
+        ext((label_id(n.key), len(n.inputs)))
         ext([num[i] for i in n.inputs])
         form.append(len(n.outputs))
     form.append(-1)
     form.extend([num[o] for o in graph.outputs])
     form.append(int(graph.backward))
-    return tuple(form), tuple(order)
-
-
-_NODE_STRUCTURE = operator.attrgetter("key", "inputs", "outputs")
-_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
-
-
-def raw_form(graph: SemGraph) -> tuple:
-    """The graph's exact structure with its own value ids: inputs (id, kind, written, rank), per
-    node (label, input ids, output ids), outputs, backward flag. Equal raw forms are the same
-    graph up to sizes; the cheapest key, used before `program_form`."""
-    vals = graph.values
-    return (tuple([(v, vals[v].kind, vals[v].mutated, len(vals[v].shape)) for v in graph.inputs]),
-            tuple(map(_NODE_STRUCTURE, graph.nodes)), graph.outputs, graph.backward)
+    return tuple(form), order
 
 
 def _adjacency(graph: SemGraph) -> tuple[list[list[tuple[int, int, int]]], list[list[tuple[int, int, int]]], int]:
@@ -255,9 +225,10 @@ def canonical_form(graph: SemGraph, labels: list[int], n_in: int) -> tuple[tuple
     return form, node_order, vals
 
 
-def shape_key(graph: SemGraph, value_order: Sequence[int]) -> tuple:
-    """The level-2 key part: (shape, dtype) of every value, in `value_order`."""
-    return tuple(map(_SHAPE_DTYPE, map(graph.values.__getitem__, value_order)))
+def shape_key(graph: SemGraph, value_order: Sequence[int] | None) -> bytes:
+    """The level-2 key part: shapes and dtypes of every value in `value_order` (`encode_shapes`);
+    None: the graph's program order, its own `shapes` encoding."""
+    return graph.shapes if value_order is None else encode_shapes(graph.values, value_order)
 
 
 # ---- entries ----------------------------------------------------------------------------------------
@@ -369,7 +340,7 @@ class AnalysisCache:
     def clear(self) -> None:
         """Drops every entry and zeroes the counters."""
         self._by_wl: OrderedDict[str, list[_Level1]] = OrderedDict()
-        self._by_raw: OrderedDict[tuple, tuple[_Level1, _Mapping, tuple[int, ...]]] = OrderedDict()
+        self._by_raw: OrderedDict[bytes, tuple[_Level1, _Mapping, tuple[int, ...] | None]] = OrderedDict()
         self._by_program: OrderedDict[tuple[int, ...], tuple[_Level1, _Mapping, tuple[int, ...]]] = OrderedDict()
         self._generation = registry_generation()
         self.counts = {"l1_hits": 0, "l1_misses": 0, "l1_collisions": 0, "l2_hits": 0, "l2_misses": 0}
@@ -388,9 +359,9 @@ class AnalysisCache:
 
     # -- lookup ------------------------------------------------------------------------------------
 
-    def _level1(self, graph: SemGraph) -> tuple[_Level1, _Mapping, tuple[int, ...], bool]:
-        """(entry, entry->graph mapping, graph's value order for the level-2 key, hit?)."""
-        raw = raw_form(graph)
+    def _level1(self, graph: SemGraph) -> tuple[_Level1, _Mapping, tuple[int, ...] | None, bool]:
+        """(entry, entry->graph mapping, graph's value order for the level-2 key (`_l2_order`), hit?)."""
+        raw = graph.structure
         seen = self._by_raw.get(raw)
         if seen is not None:  # this very structure with these value ids was seen
             self._by_raw.move_to_end(raw)
@@ -401,7 +372,7 @@ class AnalysisCache:
             self._by_raw.popitem(last=False)
         return entry, mapping, l2_order, hit
 
-    def _level1_form(self, graph: SemGraph) -> tuple[_Level1, _Mapping, tuple[int, ...], bool]:
+    def _level1_form(self, graph: SemGraph) -> tuple[_Level1, _Mapping, tuple[int, ...] | None, bool]:
         """`_level1` without the raw-form memo: the program-order form, then WL and the canonical form."""
         form, order = program_form(graph)
         known = self._by_program.get(form)
@@ -435,7 +406,7 @@ class AnalysisCache:
         while len(self._by_wl) > self.max_structures:
             self._by_wl.popitem(last=False)
         self._remember(form, entry, _Mapping(None, None), order)
-        return entry, _Mapping(None, None), order, False
+        return entry, _Mapping(None, None), None, False
 
     def _remember(self, form: tuple, entry: _Level1, mapping: _Mapping, order: tuple[int, ...]) -> None:
         self._by_program[form] = (entry, mapping, order)
@@ -443,11 +414,12 @@ class AnalysisCache:
             self._by_program.popitem(last=False)
 
     @staticmethod
-    def _l2_order(entry: _Level1, mapping: _Mapping) -> tuple[int, ...]:
-        """This graph's value ids in the entry's program-form value order."""
-        if mapping.values is None:
-            return entry.prog_vals
-        return tuple([mapping.values[v] for v in entry.prog_vals])
+    def _l2_order(entry: _Level1, mapping: _Mapping) -> tuple[int, ...] | None:
+        """This graph's value ids in the entry's program-form value order; None when that is the
+        graph's own program order (its ops in the entry's order)."""
+        if mapping.nodes is None:
+            return None
+        return tuple([mapping.value(v) for v in entry.prog_vals])
 
     @staticmethod
     def _analyze_structure(graph: SemGraph, key: str, canon: tuple, node_order: list[int], val_order: list[int],
@@ -570,7 +542,7 @@ class Annotated:
     def shape_hash(self) -> str:
         """Hex BLAKE2b of the values' shapes and dtypes in the structure's value order."""
         order = AnalysisCache._l2_order(self._entry, self._mapping)
-        return hashlib.blake2b(repr(shape_key(self.graph, order)).encode(), digest_size=16).hexdigest()
+        return hashlib.blake2b(shape_key(self.graph, order), digest_size=16).hexdigest()
 
     def groups(self) -> list[tuple[str, tuple[int, ...]]]:
         """(kind, node indices) per placement group, in a topological order (see `group_members`).

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
+from array import array
 from functools import lru_cache
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -101,6 +102,30 @@ def itemsize(dtype: str) -> int:
         size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
         _ITEMSIZE[dtype] = size
         return size
+
+
+_LABEL_IDS: dict[str, int] = {}
+
+
+def label_id(text: str) -> int:
+    """A small int standing for a label (a node key, a kind, a dtype) in this process."""
+    v = _LABEL_IDS.get(text)
+    if v is None:
+        v = _LABEL_IDS[text] = len(_LABEL_IDS)
+    return v
+
+
+def encode_shapes(values: Mapping[int, "Value"], order: Iterable[int]) -> bytes:
+    """The shapes and dtypes of `values` in `order`, as int64s: per value its rank, sizes, dtype's
+    `label_id`. Equal encodings are equal shapes and dtypes (the analysis cache's level-2 key)."""
+    out: list[int] = []
+    app, ext = out.append, out.extend
+    for v in map(values.__getitem__, order):
+        shape = v.shape
+        app(len(shape))
+        ext(shape)
+        app(label_id(v.dtype))
+    return array("q", out).tobytes()
 
 
 class Value(NamedTuple):
@@ -281,10 +306,18 @@ class SemGraph:
 
     Built by `GraphBuilder`, `SemGraph.from_nodes`, `from_fx` or `capture`; immutable once
     built. Node `i` is `nodes[i]` (`Node.index == i`). `inputs` are the graph inputs' value ids
-    in the order the nodes first read them, then unread ones.
+    in the order the nodes first read them, then unread ones; `value_order` the inputs then
+    every node's outputs in program order.
+
+    Two flat encodings are made when the graph is built (while its records are fresh in memory),
+    for the analysis cache to compare graphs by: `structure` (int64s: per input its id, kind,
+    written flag and rank; per node its label id (`Node.key`), input ids and output ids; the
+    outputs and the backward flag) and `shapes` (`encode_shapes` in `value_order`). Value ids
+    must fit in a signed 64-bit int.
     """
 
-    __slots__ = ("nodes", "values", "outputs", "inputs", "backward", "_consumers", "_memo")
+    __slots__ = ("nodes", "values", "outputs", "inputs", "backward", "value_order", "structure", "shapes",
+                 "_consumers", "_memo")
 
     def __init__(self, nodes: Sequence[Node], values: Mapping[int, Value], outputs: Sequence[int] = (),
                  *, backward: bool = False) -> None:
@@ -304,8 +337,32 @@ class SemGraph:
             if v.producer < 0:
                 seen.setdefault(vid)
         self.inputs: tuple[int, ...] = tuple(seen)
+        order = list(self.inputs)
+        for n in self.nodes:
+            order.extend(n.outputs)
+        self.value_order: tuple[int, ...] = tuple(order)
+        self.structure: bytes = self._encode_structure()
+        self.shapes: bytes = encode_shapes(self.values, self.value_order)
         self._consumers: dict[int, tuple[int, ...]] | None = None
         self._memo: dict = {}
+
+    def _encode_structure(self) -> bytes:
+        out: list[int] = [len(self.inputs)]
+        app, ext = out.append, out.extend
+        for vid in self.inputs:
+            v = self.values[vid]
+            ext((vid, label_id(v.kind), v.mutated, len(v.shape)))
+        for n in self.nodes:
+            ins, outs = n.inputs, n.outputs
+            app(label_id(n.key))
+            app(len(ins))
+            ext(ins)
+            app(len(outs))
+            ext(outs)
+        app(-1)
+        ext(self.outputs)
+        app(int(self.backward))
+        return array("q", out).tobytes()
 
     # ---- construction from a plain node list -------------------------------------------------
 

@@ -234,6 +234,20 @@ when it is lost; `host` is its exact contents on the host when known.)doc")
         return v;
       }, py::arg("storage"), py::arg("dtype"), py::arg("handle"), py::arg("residency"),
          "A value resident on the node under `handle` (an upload), on `storage` (None: a new one).")
+      .def_property("shape", [](const Value& v) -> py::object {
+        if (!v.sized) return py::none();
+        return py::tuple(py::cast(std::vector<int64_t>(v.sizes.begin(), v.sizes.end())));
+      }, [](Value& v, py::object shape) {
+        if (shape.is_none()) {
+          v.sized = false;
+          v.sizes.clear();
+          return;
+        }
+        auto sizes = shape.cast<std::vector<int64_t>>();
+        v.sizes.assign(sizes.begin(), sizes.end());
+        v.sized = true;
+      }, "Its sizes (a tuple of ints) when known, else None: set by the recorder's shape inference, by "
+         "genie.uploads for an upload; an op only the node can describe leaves it None.")
       .def_property_readonly("node", [](const Value& v) -> py::object {
         if (v.producer == nullptr) return py::none();
         return py::cast(NodePtr::reclaim_copy(v.producer));

@@ -44,6 +44,7 @@ class Uploads:
         if self.lineage is not None:
             self.lineage.put([(handle, data, residency)])
         value = Value.resident(storage, data.dtype, handle, residency)
+        value.shape = tuple(data.shape)
         self.recording.note_resident(value)
         if _C.keeps_host_copy(data.dtype, data.numel() * data.element_size()):
             value.host = data.clone()

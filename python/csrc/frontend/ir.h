@@ -62,6 +62,10 @@ class Value final : public torch::CustomClassHolder {
   /// can describe (then set once from the node's answer, genie.recorder).
   at::ScalarType dtype;
   const uint32_t index;  // output index in its producer
+  /// The sizes, when known (`sized`): set when the value is made (the recorder's shape
+  /// inference) or by genie.uploads for an upload; read by semantic analysis (genie.semantics).
+  c10::SmallVector<int64_t, 5> sizes;
+  bool sized = false;
 
   // ---- the runtime's books (under the process lock, but `tensors`: atomic) ----
   Node* producer;  // the pending op that makes it; nullptr once it ran or was dropped, or resident

@@ -240,6 +240,11 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     kinds.push_back(rf.kind);
   }
   NodePtr node = Node::make(op, facts, std::move(walk.args), specs, std::move(writes));
+  for (size_t i = 0; i < descs.size(); ++i) {
+    if (!descs[i].defined) continue;
+    node->outputs[i]->sizes.assign(descs[i].sizes.begin(), descs[i].sizes.end());
+    node->outputs[i]->sized = true;
+  }
   rec.append(node);
 
   c10::SmallVector<at::Tensor, 4> outputs;
@@ -312,6 +317,8 @@ std::optional<std::vector<c10::IValue>> uploadInline(const c10::IValue* first, s
   static const c10::OperatorHandle alias = c10::Dispatcher::singleton().findSchemaOrThrow("aten::alias", "");
   const OutputSpec spec{c10::make_intrusive<Storage>(), dtype};
   NodePtr node = Node::make(alias, opFacts(alias), {host}, spec, {});
+  node->outputs[0]->sizes.assign(host.sizes().begin(), host.sizes().end());
+  node->outputs[0]->sized = true;
   rec->append(node);
   if (keepsHostCopy(dtype, host.numel() * static_cast<int64_t>(host.element_size()))) node->outputs[0]->host = host;
   at::Tensor out = makeLazy(node->outputs[0], Desc::of(host), RecordingPtr::reclaim_copy(rec), nullptr);

@@ -118,10 +118,11 @@ uint64_t PayloadLayout::add(uint64_t nbytes) {
 
 flatbuffers::DetachedBuffer buildHello(uint64_t request_id, std::string_view client_name,
                                        std::string_view auth_token, int64_t pid,
-                                       uint32_t protocol_version) {
+                                       uint32_t protocol_version, const Handle& attach_session) {
   flatbuffers::FlatBufferBuilder fbb;
   auto body = CreateHello(fbb, protocol_version, createString(fbb, client_name),
-                          createString(fbb, auth_token), pid);
+                          createString(fbb, auth_token), pid,
+                          isNull(attach_session) ? nullptr : &attach_session);
   return finished(fbb, request_id, body);
 }
 
@@ -267,7 +268,8 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
   auto body = CreateStats(fbb, s.sessions, fbb.CreateVector(resident), s.graphs_cached,
                           s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
                           s.session_resident, s.device_free, s.device_total, s.package_calls,
-                          s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures);
+                          s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures,
+                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers);
   return finished(fbb, request_id, body);
 }
 
@@ -284,6 +286,17 @@ flatbuffers::DetachedBuffer buildPong(uint64_t request_id, uint64_t timestamp_ns
 flatbuffers::DetachedBuffer buildGoodbye(uint64_t request_id, std::string_view reason) {
   flatbuffers::FlatBufferBuilder fbb;
   return finished(fbb, request_id, CreateGoodbye(fbb, createString(fbb, reason)));
+}
+
+flatbuffers::DetachedBuffer buildSendTensors(uint64_t request_id, const SendTensorsArgs& send) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto peer = createString(fbb, send.peer);
+  auto token = createString(fbb, send.auth_token);
+  auto handles = createHandles(fbb, send.handles);
+  auto peer_handles = createHandles(fbb, send.peer_handles);
+  return finished(fbb, request_id,
+                  CreateSendTensors(fbb, peer, token, isNull(send.peer_session) ? nullptr : &send.peer_session,
+                                    handles, peer_handles));
 }
 
 flatbuffers::Offset<DoubleValue> createDoubleValue(flatbuffers::FlatBufferBuilder& fbb, double v) {

@@ -505,6 +505,38 @@ Status checkRegisterGraph(const RegisterGraph& reg, const Path& p, const std::by
   return graph ? Status::ok() : graph.status();
 }
 
+/// A vector of required, non-null handles named `field` of `parent`.
+Status checkHandleList(const flatbuffers::Vector<const Handle*>* handles, const Path& parent,
+                       std::string_view field) {
+  GENIE_RETURN_IF_ERROR(checkAligned(handles, alignof(Handle), Path(parent, field)));
+  for (uint32_t i = 0; handles && i < handles->size(); ++i) {
+    GENIE_RETURN_IF_ERROR(checkHandle(handles->Get(i), Path(parent, field, i)));
+  }
+  return Status::ok();
+}
+
+Status checkSendTensors(const SendTensors& send, const Path& p) {
+  const auto* peer = send.peer();
+  if (!peer || peer->size() == 0) return GENIE_INVALID(Path(p, "peer"), "missing (required)");
+  if (peer->size() > kMaxPeerChars) {
+    return GENIE_INVALID(Path(p, "peer"), "is {} chars (at most {})", peer->size(), kMaxPeerChars);
+  }
+  if (send.auth_token() && send.auth_token()->size() > kMaxPeerTokenChars) {
+    return GENIE_INVALID(Path(p, "auth_token"), "is {} chars (at most {})", send.auth_token()->size(),
+                         kMaxPeerTokenChars);
+  }
+  GENIE_RETURN_IF_ERROR(checkHandle(send.peer_session(), Path(p, "peer_session")));
+  const auto* handles = send.handles();
+  const auto* peer_handles = send.peer_handles();
+  if (!handles || handles->size() == 0) return GENIE_INVALID(Path(p, "handles"), "missing (required)");
+  if (!peer_handles || peer_handles->size() != handles->size()) {
+    return GENIE_INVALID(Path(p, "peer_handles"), "has {} entries but handles has {}",
+                         peer_handles ? peer_handles->size() : 0, handles->size());
+  }
+  GENIE_RETURN_IF_ERROR(checkHandleList(handles, p, "handles"));
+  return checkHandleList(peer_handles, p, "peer_handles");
+}
+
 Status checkStats(const Stats& stats, const Path& p) {
   for (uint32_t i = 0; stats.resident() && i < stats.resident()->size(); ++i) {
     const Residency r = stats.resident()->Get(i)->residency();
@@ -557,6 +589,7 @@ Status checkBody(const Message& msg, const std::byte* header, size_t payload_byt
       }
       return Status::ok();
     case Body::Stats: return checkStats(*msg.body_as_Stats(), p);
+    case Body::SendTensors: return checkSendTensors(*msg.body_as_SendTensors(), p);
     default: return Status::ok();  // Hello, Error, Ack, StatsRequest, Ping, Pong, Goodbye, Bench*
   }
 }

@@ -105,6 +105,18 @@ void checkAccepted(const Message& msg, const uint8_t* header, size_t payload_byt
       for (uint32_t i = 0; free && i < free->size(); ++i) require(!isNull(*free->Get(i)));
       break;
     }
+    case Body::SendTensors: {
+      const SendTensors* send = msg.body_as_SendTensors();
+      require(send->peer() && send->peer()->size() > 0 && send->peer()->size() <= kMaxPeerChars);
+      require(send->peer_session() && !isNull(*send->peer_session()));
+      require(send->handles() && send->peer_handles() && send->handles()->size() > 0 &&
+              send->handles()->size() == send->peer_handles()->size());
+      for (uint32_t i = 0; i < send->handles()->size(); ++i) {
+        require(!isNull(*send->handles()->Get(i)) && !isNull(*send->peer_handles()->Get(i)));
+      }
+      require(payload_bytes == 0);
+      break;
+    }
     case Body::RegisterGraph: {
       const auto* bytes = msg.body_as_RegisterGraph()->graph();
       auto graph = verifyGraph(std::as_bytes(std::span(bytes->data(), bytes->size())));

@@ -50,7 +50,7 @@ std::vector<SampleMessage> sampleMessages() {
   auto add = [&](Body body, flatbuffers::DetachedBuffer header, size_t payload = 0) {
     out.push_back({body, std::move(header), payload});
   };
-  add(Body::Hello, buildHello(1, "pytest", "token", 4242));
+  add(Body::Hello, buildHello(1, "pytest", "token", 4242, kProtocolVersion, handle(100)));
   add(Body::Welcome, buildWelcome(1, {handle(100), "node-a", "cuda:0", 1ull << 34, 1u << 20}));
   {
     PayloadLayout layout;
@@ -126,6 +126,8 @@ std::vector<SampleMessage> sampleMessages() {
     finishMessage(fbb, 13, CreateBenchReport(fbb, 100, 100000, 5000000));
     add(Body::BenchReport, fbb.Release());
   }
+  add(Body::SendTensors, buildSendTensors(14, {"10.0.0.2:7070", "token", handle(101), {handle(1), handle(2)},
+                                               {handle(21), handle(22)}}));
   return out;
 }
 

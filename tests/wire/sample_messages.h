@@ -20,8 +20,9 @@ struct SampleMessage {
   size_t payload_bytes = 0;
 };
 
-/// One valid message per Body member, in Body order (Hello .. BenchReport); every optional
-/// feature shows up at least once (strides, storage_offset, remote buffers, inline inputs).
+/// One valid message per Body member, in Body order (Hello .. SendTensors); every optional
+/// feature shows up at least once (strides, storage_offset, remote buffers, inline inputs,
+/// Hello.attach_session).
 std::vector<SampleMessage> sampleMessages();
 
 /// A valid Graph (finishGraph'd) with 2 tensor inputs (the second bound to handle(12)), 1

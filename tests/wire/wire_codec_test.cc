@@ -248,6 +248,13 @@ TEST(WireRoundTrip, Hello) {
   EXPECT_EQ(b->request_id(), 0u);
   EXPECT_EQ(b->body_as_Hello()->client_name(), nullptr);
   EXPECT_EQ(b->body_as_Hello()->protocol_version(), 9u);
+  // A new session leaves attach_session out; an attaching connection names the session.
+  EXPECT_EQ(h->attach_session(), nullptr);
+  auto attach = buildHello(3, "node", "t", 1, kProtocolVersion, handle(40));
+  const Message* a = mustVerify(attach);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(a->body_as_Hello()->attach_session(), nullptr);
+  EXPECT_TRUE(*a->body_as_Hello()->attach_session() == handle(40));
 }
 
 TEST(WireRoundTrip, Welcome) {
@@ -631,6 +638,9 @@ TEST(WireRoundTrip, Stats) {
   s.bytes_out = 7;
   s.memory_limit = 8;
   s.uptime_us = 9;
+  s.peer_bytes_sent = 10;
+  s.peer_bytes_received = 11;
+  s.peer_transfers = 12;
   auto m_buf = buildStats(23, s);
   const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
@@ -645,6 +655,34 @@ TEST(WireRoundTrip, Stats) {
   EXPECT_EQ(r->bytes_out(), 7u);
   EXPECT_EQ(r->memory_limit(), 8u);
   EXPECT_EQ(r->uptime_us(), 9u);
+  EXPECT_EQ(r->peer_bytes_sent(), 10u);
+  EXPECT_EQ(r->peer_bytes_received(), 11u);
+  EXPECT_EQ(r->peer_transfers(), 12u);
+}
+
+TEST(WireRoundTrip, SendTensors) {
+  SendTensorsArgs send;
+  send.peer = "10.1.2.3:7070";
+  send.auth_token = "peer-token";
+  send.peer_session = handle(9);
+  send.handles = {handle(1), handle(2), handle(3)};
+  send.peer_handles = {handle(4), handle(5), handle(6)};
+  auto m_buf = buildSendTensors(27, send);
+  const Message* m = mustVerify(m_buf);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->request_id(), 27u);
+  ASSERT_EQ(m->body_type(), Body::SendTensors);
+  const SendTensors* r = m->body_as_SendTensors();
+  EXPECT_EQ(stringOf(r->peer()), "10.1.2.3:7070");
+  EXPECT_EQ(stringOf(r->auth_token()), "peer-token");
+  EXPECT_TRUE(*r->peer_session() == handle(9));
+  ASSERT_EQ(r->handles()->size(), 3u);
+  ASSERT_EQ(r->peer_handles()->size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(*r->handles()->Get(i) == handle(1 + i));
+    EXPECT_TRUE(*r->peer_handles()->Get(i) == handle(4 + i));
+  }
+  EXPECT_FALSE(verifyMessage(bytesOf(m_buf), 1).isOk()) << "SendTensors carries no payload";
 }
 
 TEST(WireRoundTrip, PingAndPong) {

@@ -313,6 +313,22 @@ void expectConsistent(const Message& m, size_t payload_bytes) {
       EXPECT_TRUE(graph.isOk()) << graph.status().toString();
       break;
     }
+    case Body::SendTensors: {
+      const SendTensors* send = m.body_as_SendTensors();
+      ASSERT_NE(send->peer(), nullptr);
+      EXPECT_GT(send->peer()->size(), 0u);
+      ASSERT_NE(send->peer_session(), nullptr);
+      EXPECT_FALSE(isNull(*send->peer_session()));
+      ASSERT_NE(send->handles(), nullptr);
+      ASSERT_NE(send->peer_handles(), nullptr);
+      ASSERT_EQ(send->handles()->size(), send->peer_handles()->size());
+      for (uint32_t i = 0; i < send->handles()->size(); ++i) {
+        EXPECT_FALSE(isNull(*send->handles()->Get(i)));
+        EXPECT_FALSE(isNull(*send->peer_handles()->Get(i)));
+      }
+      EXPECT_EQ(payload_bytes, 0u);
+      break;
+    }
     default: EXPECT_NE(m.body(), nullptr);
   }
 }
@@ -705,6 +721,50 @@ TEST(WireVerifySemantics, BoundGraphInputs) {
   EXPECT_TRUE(*graph.value()->inputs()->Get(0)->handle() == samples::handle(4));
   EXPECT_EQ(graph.value()->inputs()->Get(1)->handle(), nullptr);
   expectValid(buildRegisterGraph(1, bytesOf(bytes)));
+}
+
+TEST(WireVerifySemantics, SendTensorsNamesAPeerASessionAndPairedHandles) {
+  const SendTensorsArgs good{"127.0.0.1:7070", "t", handle(9), {handle(1), handle(2)}, {handle(3), handle(4)}};
+  expectValid(buildSendTensors(1, good));
+  expectInvalid(buildSendTensors(1, good), 16, "SendTensors: carries no tensors but payload_bytes is 16");
+  auto bad = good;
+  bad.peer = "";
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.peer: missing (required)");
+  bad = good;
+  bad.peer = std::string(kMaxPeerChars + 1, 'h');
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.peer: is 513 chars (at most 512)");
+  bad = good;
+  bad.auth_token = std::string(kMaxPeerTokenChars + 1, 't');
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.auth_token: is 2049 chars (at most 2048)");
+  bad = good;
+  bad.peer_session = Handle();
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.peer_session: missing (required)");
+  bad = good;
+  bad.handles.clear();
+  bad.peer_handles.clear();
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.handles: missing (required)");
+  bad = good;
+  bad.peer_handles.pop_back();
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.peer_handles: has 1 entries but handles has 2");
+  bad = good;
+  bad.handles[1] = Handle();
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.handles[1]: {0,0} is not a valid handle");
+  bad = good;
+  bad.peer_handles[0] = Handle();
+  expectInvalid(buildSendTensors(1, bad), 0, "SendTensors.peer_handles[0]: {0,0} is not a valid handle");
+  // A {0,0} peer_session written explicitly (the builder leaves it out) is refused too.
+  flatbuffers::FlatBufferBuilder fbb;
+  const Handle null_session;
+  auto peer = fbb.CreateString("h:1");
+  auto handles = fbb.CreateVectorOfStructs(good.handles.data(), good.handles.size());
+  auto peer_handles = fbb.CreateVectorOfStructs(good.peer_handles.data(), good.peer_handles.size());
+  expectInvalid(finished(fbb, CreateSendTensors(fbb, peer, 0, &null_session, handles, peer_handles)), 0,
+                "SendTensors.peer_session: {0,0} is not a valid handle");
+}
+
+TEST(WireVerifySemantics, HelloAttachSessionIsOptional) {
+  expectValid(buildHello(1, "a", "b", 1));
+  expectValid(buildHello(1, "a", "b", 1, kProtocolVersion, handle(5)));
 }
 
 TEST(WireVerifySemantics, StatsResidency) {

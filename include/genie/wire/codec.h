@@ -56,6 +56,11 @@ inline constexpr uint64_t kMaxGraphValues = uint64_t{1} << 24;  // inputs + all 
 inline constexpr size_t kMaxNameChars = 256;  // Node.op, Node.overload, Argument.name
 /// Largest tensor rank a TensorDesc may have.
 inline constexpr size_t kMaxTensorRank = 64;
+/// SendTensors.peer ("host:port") is at most this many chars.
+inline constexpr size_t kMaxPeerChars = 512;
+/// SendTensors.auth_token is at most this many chars: the Hello that carries it to the peer must
+/// fit the peer's pre-session message limit (4 KiB by default, docs/security.md).
+inline constexpr size_t kMaxPeerTokenChars = 2048;
 
 // ---------------------------------------------------------------------------------------
 // Names and sizes
@@ -285,6 +290,18 @@ struct StatsArgs {
   uint64_t packages_built = 0;
   uint64_t packages_loaded = 0;
   uint64_t compile_failures = 0;
+  uint64_t peer_bytes_sent = 0;      // bytes (headers + payloads) sent to other nodes (SendTensors)
+  uint64_t peer_bytes_received = 0;  // bytes received from other nodes on attached connections
+  uint64_t peer_transfers = 0;       // SendTensors served plus PutTensors received from other nodes
+};
+
+/// SendTensors: tensors of the requesting session go to session `peer_session` on node `peer`.
+struct SendTensorsArgs {
+  std::string peer{};            // "host:port"
+  std::string auth_token{};      // the peer node's token
+  Handle peer_session{};         // the receiving session's id
+  std::vector<Handle> handles{};       // in the requesting session
+  std::vector<Handle> peer_handles{};  // their names in the receiving session (as many)
 };
 
 /// Binds graph input `input` to resident `handle`, or (when `inline_tensor` is set) to a
@@ -315,9 +332,12 @@ struct RunGraphArgs {
 /// One builder per message; each returns the finished header. Builders do not run
 /// verifyMessage (the receiver does); those taking tensors fail (kInvalidArgument) only when
 /// a tensor's span cannot be computed.
+/// `attach_session` not {0,0}: the connection attaches to that existing session of the node
+/// instead of opening one (Hello.attach_session).
 flatbuffers::DetachedBuffer buildHello(uint64_t request_id, std::string_view client_name,
                                        std::string_view auth_token, int64_t pid,
-                                       uint32_t protocol_version = kProtocolVersion);
+                                       uint32_t protocol_version = kProtocolVersion,
+                                       const Handle& attach_session = {});
 flatbuffers::DetachedBuffer buildWelcome(uint64_t request_id, const WelcomeArgs& welcome);
 Result<flatbuffers::DetachedBuffer> buildPutTensors(uint64_t request_id,
                                                     std::span<const TensorSlotArgs> tensors);
@@ -355,5 +375,6 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& sta
 flatbuffers::DetachedBuffer buildPing(uint64_t request_id, uint64_t timestamp_ns);
 flatbuffers::DetachedBuffer buildPong(uint64_t request_id, uint64_t timestamp_ns);
 flatbuffers::DetachedBuffer buildGoodbye(uint64_t request_id, std::string_view reason);
+flatbuffers::DetachedBuffer buildSendTensors(uint64_t request_id, const SendTensorsArgs& send);
 
 }  // namespace genie::wire

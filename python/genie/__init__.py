@@ -28,7 +28,15 @@ def compile_stats() -> dict:
     return stats()
 
 
+def explain(fn, *args, **kwargs):
+    """What Genie understands of `fn(*args, **kwargs)`: per step its patterns, phase, residency
+    and costs, and with `cluster=` the schedule (genie.explanation.explain; docs/semantics.md).
+    CPU modules and tensors are analysed as if on remote_accelerator without running."""
+    from .explanation import explain as _explain  # not at import: it loads the analysis
+    return _explain(fn, *args, **kwargs)
+
+
 __all__ = [
     "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "LazyTensor", "capture",
-    "client_stats", "compile_stats", "device_count", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
+    "client_stats", "compile_stats", "device_count", "explain", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
 ]

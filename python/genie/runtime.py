@@ -122,7 +122,7 @@ class Runtime(Connection, Uploads, RngOps):
             self.recording.discard_pending(error)
             raise
         if _cut_observer is not None:
-            _cut_observer(self.device, cut.nodes, returned)
+            _cut_observer(self.device, cut.nodes, list(returned) + list(cut.kept))
         if cut.graph_id is None:
             try:
                 graph_bytes = cut.encode()
@@ -347,14 +347,15 @@ def locked(function):
 
 _runtimes: dict[int, Runtime] = {}
 
-# Called as f(device, nodes, returned) with each cut a runtime sends, before it is sent (genie.
+# Called as f(device, nodes, outputs) with each cut a runtime sends, before it is sent (genie.
 # semantics.recorded: the analysis of every step); None when nothing watches.
 _cut_observer = None
 
 
 def set_cut_observer(observer) -> None:
-    """Makes every runtime call `observer(device, nodes, returned)` with each cut it sends: the
-    recorder's nodes of the step (genie.graph.Node, program order) and the Values it reads.
+    """Makes every runtime call `observer(device, nodes, outputs)` with each cut it sends: the
+    recorder's nodes of the step (genie.graph.Node, program order) and the Values that leave it
+    (read, or kept resident for live tensors).
     None: no observer. The observer runs under the process lock; what it raises is the step's."""
     global _cut_observer
     _cut_observer = observer

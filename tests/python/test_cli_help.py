@@ -20,7 +20,7 @@ def _binaries() -> list[pathlib.Path]:
 
 def _programs() -> list[tuple[str, list[str]]]:
     programs = [(p.name, [str(p)]) for p in _binaries()]
-    programs += [(f"python -m {m}", [sys.executable, "-m", *m.split()]) for m in ("genie", "genie config", "genie.demo",
+    programs += [(f"python -m {m}", [sys.executable, "-m", *m.split()]) for m in ("genie", "genie config", "genie explain", "genie.demo",
                                                                                      "genie.compile.worker")]
     programs += [(str(p.relative_to(ROOT)), [sys.executable, str(p)]) for p in sorted((ROOT / "perf").rglob("*.py"))]
     programs += [(str(p.relative_to(ROOT)), ["bash", str(p)])

@@ -328,7 +328,10 @@ class KVCachePattern(Pattern):
     `slice_scatter`, `index_put`, ...) of a carried tensor the program marks mutated (0.95,
     `torch.export`'s buffer mutations) or returns (0.85); `cat` of a carried tensor and the new
     keys/values along the sequence dimension (0.9; DynamicCache-style, the result is returned
-    as the next step's cache). One match per attention (its key and value caches together).
+    as the next step's cache); the cache's creation: what the attention reads is made by this
+    step and kept beyond it (one of the program's outputs, through views: a DynamicCache's first
+    update stores the prompt's keys as they are; 0.8). One match per attention (its key and value
+    caches together).
 
     Roles: key_cache, value_cache (the carried inputs), key_new, value_new (what is written),
     key, value (what the attention reads). Detail: cache_len, new_len, heads, head_dim, write.
@@ -383,15 +386,15 @@ class KVCachePattern(Pattern):
         n = graph.nodes[p]
         if n.base == "aten::cat":
             carried = [i for i in n.inputs if _is_carried(graph, graph.origin(i))]
-            if not carried:
-                return None
+            if not carried:  # a cache started here (DynamicCache's first update: cat onto an empty tensor)
+                return self._created(graph, read)
             new = next((i for i in n.inputs if i not in carried), None)
             rank = len(graph.values[o].shape)
             dim = n.attr("dim", 0)
             seq_dim = dim in (-2, rank - 2) or (rank == 4 and dim == 1)
             return graph.origin(carried[0]), new, [p], 0.9 if seq_dim else 0.7, "cat"
         if n.base not in CACHE_WRITE_OPS or not n.inputs:
-            return None
+            return self._created(graph, read)
         dest = graph.origin(n.inputs[0])
         if not _is_carried(graph, dest):
             return None
@@ -404,6 +407,20 @@ class KVCachePattern(Pattern):
         else:
             return None
         return dest, self._new_data(graph, n), [p], conf, n.base.removeprefix("aten::")
+
+    @staticmethod
+    def _created(graph: SemGraph, read: int) -> tuple[int, int, list[int], float, str] | None:
+        """The cache made by this step: what the attention reads (or a view between it and its
+        origin) is made here and outlives the program (one of its outputs: a DynamicCache's
+        first update keeps the prompt's keys as the cache, no write op)."""
+        vid = read
+        while True:
+            if vid in graph.outputs:
+                return vid, read, [], 0.8, "create"
+            p = graph.values[vid].producer
+            if p < 0 or graph.nodes[p].base not in PASSTHROUGH_OPS or not graph.nodes[p].inputs:
+                return None
+            vid = graph.nodes[p].inputs[0]
 
     @staticmethod
     def _new_data(graph: SemGraph, n: Any) -> int | None:

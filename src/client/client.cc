@@ -405,7 +405,8 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, uint16_
   }
   impl->endpoint = *endpoint;
   auto reply = impl->call([&](uint64_t id) {
-    return wire::buildHello(id, options.name, options.auth_token, getpid(), options.protocol_version);
+    return wire::buildHello(id, options.name, options.auth_token, getpid(), options.protocol_version,
+                            options.attach_session);
   });
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   if (!reply) return reply.status();
@@ -614,8 +615,32 @@ Result<wire::StatsArgs> Client::stats() {
   out.packages_built = s->packages_built();
   out.packages_loaded = s->packages_loaded();
   out.compile_failures = s->compile_failures();
+  out.peer_bytes_sent = s->peer_bytes_sent();
+  out.peer_bytes_received = s->peer_bytes_received();
+  out.peer_transfers = s->peer_transfers();
   impl_->noteResident(out.session_resident);
   return out;
+}
+
+Status Client::sendTensors(const std::string& peer, const std::string& auth_token, const wire::Handle& peer_session,
+                           std::span<const wire::Handle> handles, std::span<const wire::Handle> peer_handles) {
+  if (handles.empty() || handles.size() != peer_handles.size()) {
+    return GENIE_ERROR(kInvalidArgument, "sendTensors: {} handles and {} peer handles (need as many, at least one)",
+                       handles.size(), peer_handles.size());
+  }
+  wire::SendTensorsArgs send;
+  send.peer = peer;
+  send.auth_token = auth_token;
+  send.peer_session = peer_session;
+  send.handles.assign(handles.begin(), handles.end());
+  send.peer_handles.assign(peer_handles.begin(), peer_handles.end());
+  auto reply = impl_->call([&](uint64_t id) { return wire::buildSendTensors(id, send); });
+  if (!reply) return reply.status();
+  return Impl::expect(*reply, wire::Body::Ack);
+}
+
+bool Client::connected() const {
+  return impl_ && !impl_->closed && impl_->endpoint && impl_->endpoint->isConnected() && !impl_->node_left.load();
 }
 
 Status Client::ping() {

@@ -80,6 +80,10 @@ struct NodeService::Impl : NodeContext {
   };
   std::unordered_map<const Endpoint*, Connection> connections;
   std::unordered_map<const Endpoint*, std::shared_ptr<Session>> sessions;
+  // Sessions by id (Welcome.session_id), and the connections other nodes attached to them
+  // (Hello.attach_session: SendTensors puts) with the session each is attached to.
+  std::unordered_map<wire::Handle, std::shared_ptr<Session>, wire::HandleHash, wire::HandleEqual> sessions_by_id;
+  std::unordered_map<const Endpoint*, std::shared_ptr<Session>> attachments;
   // Sessions being ended: one thread (the reaper) stops them in turn, off the progress thread
   // (stopping joins the session's thread, which frees its memory, after its current request).
   std::mutex ending_mutex;
@@ -98,7 +102,16 @@ struct NodeService::Impl : NodeContext {
   bool stopped = false;
 
   Impl(const NodeConfig& c, c10::Device d)
-      : NodeContext(d, c.memory_limit, c.session_memory_limit, c.compile), config(c) {}
+      : NodeContext(d, c.memory_limit, c.session_memory_limit, c.compile), config(c) {
+    peer_transport = c.transport;
+    peer_client_name = c.name + " (node to node)";
+  }
+
+  /// A failed Hello (wrong token, unknown session to attach to): answered with `error`; the
+  /// kMaxFailedHellos-th closes the connection.
+  void refuseHello(const std::shared_ptr<Endpoint>& from, uint64_t id, const std::string& why);
+  /// Hello with attach_session: attaches the connection to that session (progress thread).
+  void attach(const std::shared_ptr<Endpoint>& from, uint64_t id, const wire::Handle& session_id);
 
   /// The reaper thread: ends the sessions handed to it, one at a time, until stop().
   void reapEndedSessions();
@@ -131,6 +144,9 @@ struct NodeService::Impl : NodeContext {
     stats.packages_built = counts.packages_built;
     stats.packages_loaded = counts.packages_loaded;
     stats.compile_failures = counts.failures;
+    stats.peer_bytes_sent = peer_bytes_sent.load();
+    stats.peer_bytes_received = peer_bytes_received.load();
+    stats.peer_transfers = peer_transfers.load();
     return stats;
   }
 };
@@ -184,6 +200,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
   const wire::Message* msg = verified.value();
   const uint64_t id = msg->request_id();
   auto session = sessions.find(from.get());
+  auto attached = session == sessions.end() ? attachments.find(from.get()) : attachments.end();
   switch (msg->body_type()) {
     case wire::Body::Hello: {
       const wire::Hello* hello = msg->body_as_Hello();
@@ -196,24 +213,20 @@ void NodeService::Impl::onMessage(InboundMessage message) {
         // Constant time: both tokens are hashed, then compared with libsodium's sodium_memcmp.
         const TokenDigest presented = digestOf(wire::stringOf(hello->auth_token()));
         if (sodium_memcmp(presented.data(), token_digest.data(), presented.size()) != 0) {
-          auto connection = connections.find(from.get());
-          const int failed = connection == connections.end() ? kMaxFailedHellos : ++connection->second.failed_hellos;
-          GENIE_LOG_WARN("refused a session from {}: wrong auth token ({} of {} tries)", from->peer(), failed,
-                         kMaxFailedHellos);
-          replyError(*from, id, wire::requestError(ErrorCode::Unauthenticated, "wrong auth token"));
-          if (failed >= kMaxFailedHellos) {
-            from->close();  // flushes the reply first
-            connections.erase(from.get());
-          }
-          return;
+          return refuseHello(from, id, "wrong auth token");
         }
       }
-      if (session != sessions.end()) {
+      if (session != sessions.end() || attached != attachments.end()) {
         return replyError(*from, id, wire::requestError(ErrorCode::InvalidMessage, "this connection already has a session"));
+      }
+      if (hello->attach_session() && !wire::isNull(*hello->attach_session())) {
+        return attach(from, id, *hello->attach_session());
       }
       from->admitFromProgressThread();
       wire::Handle session_id = randomHandle();
-      sessions.emplace(from.get(), std::make_shared<Session>(*this, from, session_id));
+      auto made = std::make_shared<Session>(*this, from, session_id);
+      sessions.emplace(from.get(), made);
+      sessions_by_id.emplace(session_id, std::move(made));
       ++session_count;
       GENIE_LOG_INFO("session {} for '{}' (pid {}) from {}", wire::toString(session_id), wire::stringOf(hello->client_name()),
                      hello->pid(), from->peer());
@@ -226,13 +239,29 @@ void NodeService::Impl::onMessage(InboundMessage message) {
       return reply(*from, wire::buildWelcome(id, welcome));
     }
     case wire::Body::Ping:
-      if (session == sessions.end()) break;  // before a session, only Hello is answered
+      if (session == sessions.end() && attached == attachments.end()) break;  // before a session, only Hello is answered
       message.releasePayload();
       return reply(*from, wire::buildPong(id, msg->body_as_Ping()->timestamp_ns()));
     case wire::Body::Goodbye:
+      if (attached != attachments.end()) {
+        attachments.erase(attached);  // another node is done putting: its session goes on
+        return;
+      }
       return endSession(from.get());
     default:
       break;  // StatsRequest too: ordered after the session's earlier requests
+  }
+  if (attached != attachments.end()) {
+    if (msg->body_type() == wire::Body::PutTensors) {
+      attached->second->enqueueAttached(std::move(message));
+      worker->yieldPollsFromProgressThread(kHandOffYieldPolls);
+      return;
+    }
+    message.releasePayload();
+    return replyError(*from, id, wire::requestError(ErrorCode::InvalidMessage,
+                                  fmt::format("this connection is attached to session {}: it may only put tensors, not "
+                                              "send {}", wire::toString(attached->second->id()),
+                                              wire::bodyName(msg->body_type()))));
   }
   if (session == sessions.end()) {
     message.releasePayload();
@@ -244,11 +273,54 @@ void NodeService::Impl::onMessage(InboundMessage message) {
   worker->yieldPollsFromProgressThread(kHandOffYieldPolls);
 }
 
+void NodeService::Impl::refuseHello(const std::shared_ptr<Endpoint>& from, uint64_t id, const std::string& why) {
+  auto connection = connections.find(from.get());
+  const int failed = connection == connections.end() ? kMaxFailedHellos : ++connection->second.failed_hellos;
+  GENIE_LOG_WARN("refused a session from {}: {} ({} of {} tries)", from->peer(), why, failed, kMaxFailedHellos);
+  replyError(*from, id, wire::requestError(ErrorCode::Unauthenticated, why));
+  if (failed >= kMaxFailedHellos) {
+    from->close();  // flushes the reply first
+    connections.erase(from.get());
+  }
+}
+
+void NodeService::Impl::attach(const std::shared_ptr<Endpoint>& from, uint64_t id, const wire::Handle& session_id) {
+  auto target = sessions_by_id.find(session_id);
+  if (target == sessions_by_id.end()) {
+    // Session ids are capabilities: a wrong one counts as a failed Hello, like a wrong token.
+    return refuseHello(from, id, fmt::format("Hello.attach_session: no session {} on this node", wire::toString(session_id)));
+  }
+  from->admitFromProgressThread();
+  attachments.emplace(from.get(), target->second);
+  GENIE_LOG_INFO("connection from {} attached to session {} (node to node)", from->peer(), wire::toString(session_id));
+  wire::WelcomeArgs welcome;
+  welcome.session_id = session_id;
+  welcome.node_name = config.name;
+  welcome.device = config.device;
+  welcome.memory_limit = sessionMemoryLimit();
+  welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
+  reply(*from, wire::buildWelcome(id, welcome));
+}
+
 void NodeService::Impl::endSession(const Endpoint* endpoint) {
   auto session = sessions.find(endpoint);
   if (session == sessions.end()) return;
   std::shared_ptr<Session> closing = std::move(session->second);
   sessions.erase(session);
+  sessions_by_id.erase(closing->id());
+  // Connections other nodes attached to it are closed: their next put fails (PeerUnreachable).
+  for (auto it = attachments.begin(); it != attachments.end();) {
+    if (it->second != closing) {
+      ++it;
+      continue;
+    }
+    auto connection = connections.find(it->first);
+    if (connection != connections.end()) {
+      connection->second.endpoint->close();
+      connections.erase(connection);
+    }
+    it = attachments.erase(it);
+  }
   --session_count;
   std::lock_guard<std::mutex> lock(ending_mutex);
   ending.push_back(std::move(closing));
@@ -274,6 +346,7 @@ void NodeService::Impl::reapEndedSessions() {
 void NodeService::Impl::onEndpointError(const std::shared_ptr<Endpoint>& endpoint) {
   if (sessions.count(endpoint.get())) GENIE_LOG_INFO("peer {} is gone: ending its session", endpoint->peer());
   endSession(endpoint.get());
+  attachments.erase(endpoint.get());
   connections.erase(endpoint.get());
 }
 
@@ -332,6 +405,8 @@ void NodeService::stop() {
       session->endpoint()->send(wire::bytesOf(bye), {}, [](Status) {});
     }
     impl_->sessions.clear();
+    impl_->sessions_by_id.clear();
+    impl_->attachments.clear();
     impl_->connections.clear();
     collected.set_value();
   });

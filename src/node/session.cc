@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <optional>
@@ -66,6 +67,49 @@ std::byte* storageBytes(const at::Tensor& t) {
   return static_cast<std::byte*>(t.storage().mutable_data());
 }
 
+/// A defined tensor as its bytes travel (GetTensors, RunResult, SendTensors): in host memory,
+/// contiguous, and holding its logical values: a conjugate or negative view (fft.ifft's output
+/// has the conj bit) is resolved, since the wire has no such bits. Each step is a dispatcher
+/// call, made only where needed (a CPU node's tensors are in host memory already).
+at::Tensor travelling(at::Tensor t) {
+  if (!t.is_cpu()) t = t.cpu();
+  if (t.is_conj()) t = t.resolve_conj();
+  if (t.is_neg()) t = t.resolve_neg();
+  return t.contiguous();
+}
+
+/// "host:port" (or "[v6]:port") split into host and port; false when it is not one.
+bool splitPeer(std::string_view peer, std::string& host, uint16_t& port) {
+  const size_t colon = peer.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == peer.size() || peer.size() - colon > 6) return false;
+  uint32_t value = 0;
+  for (char c : peer.substr(colon + 1)) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (value == 0 || value > 65535) return false;
+  std::string_view name = peer.substr(0, colon);
+  if (name.size() >= 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
+  if (name.empty()) return false;
+  host.assign(name);
+  port = static_cast<uint16_t>(value);
+  return true;
+}
+
+/// The Error a failed put to `peer` becomes: the peer's own refusal keeps its code; a
+/// connection that could not be made or failed is PeerUnreachable; each names the peer.
+Status peerError(const std::string& peer, const Status& failed) {
+  if (const RemoteDetail* remote = failed.remote()) {
+    return wire::requestError(static_cast<ErrorCode>(remote->code),
+                              fmt::format("SendTensors: peer {} refused: {}", peer, failed.message()));
+  }
+  if (failed.code() == StatusCode::kPeerUnreachable || failed.code() == StatusCode::kTimeout) {
+    return wire::requestError(ErrorCode::PeerUnreachable,
+                              fmt::format("SendTensors: peer {} is unreachable: {}", peer, failed.message()));
+  }
+  return wire::requestError(wire::errorCodeOf(failed), fmt::format("SendTensors to peer {}: {}", peer, failed.message()));
+}
+
 }  // namespace
 
 void NodeContext::reply(Endpoint& to, const flatbuffers::DetachedBuffer& header, ConstBuffer payload,
@@ -99,6 +143,13 @@ void Session::enqueue(InboundMessage message) {
   cv.notify_one();
 }
 
+void Session::enqueueAttached(InboundMessage message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  attached_queue.push_back(std::move(message));
+  queued.fetch_add(1, std::memory_order_release);
+  cv.notify_one();
+}
+
 void Session::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -121,13 +172,20 @@ void Session::run() {
           [this] { return queued.load(std::memory_order_acquire) != 0 || stopping.load(std::memory_order_acquire); },
           kSessionLeaderPoll, transport::Worker::Takeover::kUnlessAnotherCaller);
     }
+    bool attached = false;  // a put of another node's connection attached to this session
     {
       std::unique_lock<std::mutex> lock(mutex);
-      cv.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) break;
-      message.emplace(std::move(queue.front()));
-      queue.pop_front();
+      cv.wait(lock, [&] { return stopping || !queue.empty() || !attached_queue.empty(); });
+      std::deque<InboundMessage>& from = attached_queue.empty() ? queue : attached_queue;
+      if (from.empty()) break;
+      attached = &from == &attached_queue;
+      message.emplace(std::move(from.front()));
+      from.pop_front();
       queued.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (attached) {
+      handleAttached(*message);
+      continue;
     }
     // Verified on the progress thread; the header bytes are the message's own.
     const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message->header().data());
@@ -137,7 +195,8 @@ void Session::run() {
       node.replyError(*endpoint_, msg->request_id(), wire::requestError(ErrorCode::Internal, e.what()));
     }
   }
-  // The session ends: everything it held is freed.
+  // The session ends: its connections to other nodes close, everything it held is freed.
+  peers.clear();
   tensors.clear();
   GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id_), endpoint_->peer());
 }
@@ -180,6 +239,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
       stats.session_resident = node.memory.resident(memory);
       return node.reply(*endpoint_, wire::buildStats(id, stats));
     }
+    case wire::Body::SendTensors: return sendToPeer(id, *msg.body_as_SendTensors());
     default:
       node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
                                       fmt::format("genie-node does not serve {}", wire::bodyName(msg.body_type()))));
@@ -260,15 +320,7 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
   contiguous.reserve(out.size());
   wire::PayloadLayout layout;
   for (const auto& [handle, tensor] : out) {
-    at::Tensor t = tensor;
-    if (t.defined()) {
-      // Each step is a dispatcher call: only where needed (a CPU node's tensors are in host
-      // memory already; the conj/neg bits are rare).
-      if (!t.is_cpu()) t = t.cpu();
-      if (t.is_conj()) t = t.resolve_conj();
-      if (t.is_neg()) t = t.resolve_neg();
-      t = t.contiguous();
-    }
+    at::Tensor t = tensor.defined() ? travelling(tensor) : tensor;
     wire::TensorSlotArgs slot;
     slot.handle = handle;
     slot.desc.dtype = t.defined() ? Executor::wireDType(t.scalar_type()) : wire::DType::Float32;
@@ -407,6 +459,167 @@ Status Session::bindInputs(InboundMessage& message, const wire::RunGraph& run,
     return wire::requestError(ErrorCode::InvalidMessage, fmt::format("RunGraph: input {} is not bound", i));
   }
   return Status::ok();
+}
+
+void Session::sendToPeer(uint64_t id, const wire::SendTensors& send) {
+  const std::string peer(wire::stringOf(send.peer()));
+  std::string host;
+  uint16_t port = 0;
+  if (!splitPeer(peer, host, port)) {
+    return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
+                                           fmt::format("SendTensors.peer: '{}' is not HOST:PORT", peer)));
+  }
+  const wire::Handle peer_session = *send.peer_session();
+  if (peer_session == id_) {
+    // Its own thread would wait for itself: the put would queue behind this very request.
+    return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
+                                           "SendTensors.peer_session: is this session itself"));
+  }
+  // The tensors as they travel (host memory, contiguous), under the peer's handles, with the
+  // residency they have here. Only this session's handles can be named.
+  const uint32_t n = send.handles()->size();
+  std::vector<wire::TensorSlotArgs> slots(n);
+  std::vector<at::Tensor> travel(n);
+  wire::PayloadLayout layout;
+  for (uint32_t i = 0; i < n; ++i) {
+    const wire::Handle& handle = *send.handles()->Get(i);
+    const at::Tensor* tensor = tensors.find(handle);
+    if (tensor == nullptr) {
+      return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::UnknownHandle,
+                                             fmt::format("SendTensors.handles[{}]: no tensor {} in this session", i,
+                                                         wire::toString(handle))));
+    }
+    travel[i] = travelling(*tensor);
+    wire::TensorSlotArgs& slot = slots[i];
+    slot.handle = *send.peer_handles()->Get(i);
+    slot.desc.dtype = Executor::wireDType(travel[i].scalar_type());
+    slot.desc.shape = travel[i].sizes().vec();
+    slot.residency = tensors.residencyOf(handle);
+    slot.payload_offset = layout.add(travel[i].nbytes());
+    if (slot.desc.dtype == wire::DType::Undefined) {
+      return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::Internal,
+                                             fmt::format("SendTensors.handles[{}]: dtype {} has no wire dtype", i,
+                                                         c10::toString(travel[i].scalar_type()))));
+    }
+  }
+  // One tensor travels straight from its storage; several are copied into one payload.
+  std::vector<std::byte> staging;
+  std::span<const std::byte> payload;
+  if (n == 1) {
+    payload = {static_cast<const std::byte*>(travel[0].const_data_ptr()), static_cast<size_t>(layout.size())};
+  } else {
+    staging.resize(layout.size());
+    for (uint32_t i = 0; i < n; ++i) {
+      if (travel[i].nbytes()) std::memcpy(staging.data() + slots[i].payload_offset, travel[i].const_data_ptr(), travel[i].nbytes());
+    }
+    payload = staging;
+  }
+  // The connection to that session: reused while it is up (the peer closes it when the session
+  // ends or the node stops), else made anew; at most kMaxPeerConnections, least recently used
+  // closed first.
+  auto linked = [&] {
+    return std::find_if(peers.begin(), peers.end(),
+                        [&](const PeerLink& l) { return l.address == peer && l.peer_session == peer_session; });
+  };
+  client::Client* client = nullptr;
+  if (auto link = linked(); link != peers.end()) {
+    if (link->client->connected()) {
+      client = link->client.get();
+    } else {
+      peers.erase(link);
+    }
+  }
+  if (client == nullptr && peers.size() >= kMaxPeerConnections) {
+    peers.erase(std::min_element(peers.begin(), peers.end(),
+                                 [](const PeerLink& a, const PeerLink& b) { return a.last_used < b.last_used; }));
+  }
+  std::unique_ptr<client::Client> fresh;
+  Status result;
+  uint64_t bytes_sent = 0;
+  const std::string token(wire::stringOf(send.auth_token()));
+  // Off this thread: connecting and the put are bounded by the data plane (connect timeout, a
+  // dead peer within the peer timeout) and the client's timeout; meanwhile this session runs
+  // the puts other nodes send it.
+  runServingAttached([&] {
+    try {
+      if (client == nullptr) {
+        client::ClientOptions options;
+        options.name = node.peer_client_name;
+        options.auth_token = token;
+        options.transport = node.peer_transport;
+        options.attach_session = peer_session;
+        auto connected = client::Client::connect(host, port, options);
+        if (!connected) {
+          result = connected.status();
+          return;
+        }
+        fresh = std::move(*connected);
+        client = fresh.get();
+      }
+      const uint64_t before = client->counters().bytes_sent;
+      result = client->putTensors(slots, payload);
+      bytes_sent = client->counters().bytes_sent - before;
+    } catch (const std::exception& e) {
+      result = GENIE_ERROR(kInternal, "{}", e.what());
+    }
+  });
+  node.peer_bytes_sent += bytes_sent;
+  ++sends_;
+  if (auto link = linked(); link != peers.end()) {
+    if (link->client->connected()) {
+      link->last_used = sends_;
+    } else {
+      peers.erase(link);  // closed under the put: the next send connects again
+    }
+  } else if (fresh && fresh->connected()) {
+    peers.push_back({peer, peer_session, std::move(fresh), sends_});
+  }
+  if (!result) {
+    GENIE_LOG_DEBUG("session {}: SendTensors to {} failed: {}", wire::toString(id_), peer, result.message());
+    return node.replyError(*endpoint_, id, peerError(peer, result));
+  }
+  ++node.peer_transfers;
+  node.reply(*endpoint_, wire::buildAck(id, n, node.memory.resident(memory)));
+}
+
+void Session::runServingAttached(const std::function<void()>& work) {
+  bool done = false;  // under `mutex`
+  std::thread helper([&] {
+    work();
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mutex);
+  for (;;) {
+    cv.wait(lock, [&] { return done || !attached_queue.empty(); });
+    if (attached_queue.empty()) break;
+    InboundMessage message = std::move(attached_queue.front());
+    attached_queue.pop_front();
+    queued.fetch_sub(1, std::memory_order_relaxed);
+    lock.unlock();
+    handleAttached(message);
+    lock.lock();
+  }
+  lock.unlock();
+  helper.join();
+}
+
+void Session::handleAttached(InboundMessage& message) {
+  // Verified on the progress thread, which hands attached connections' PutTensors only.
+  const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message.header().data());
+  Endpoint& to = *message.endpoint();
+  const uint64_t id = msg->request_id();
+  const uint64_t bytes = message.header().size() + message.payloadSize();
+  try {
+    const wire::PutTensors& put = *msg->body_as_PutTensors();
+    if (Status error = putTensors(message, put); !error) return node.replyError(to, id, error);
+    node.peer_bytes_received += bytes;
+    ++node.peer_transfers;
+    node.reply(to, wire::buildAck(id, put.tensors()->size(), node.memory.resident(memory)));
+  } catch (const std::exception& e) {
+    node.replyError(to, id, wire::requestError(ErrorCode::Internal, e.what()));
+  }
 }
 
 /// The descriptor of a tensor as it lives on the node: its own strides and storage offset.

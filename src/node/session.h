@@ -1,10 +1,18 @@
 // Session: one client's session on genie-node, and NodeContext, the node as sessions see it.
 //
 // A session owns its resident tensors (TensorStore) and one thread that runs its requests in
-// order: PutTensors, GetTensors, FreeTensors, RegisterGraph, RunGraph, StatsRequest. Sessions
-// run concurrently; what they share (the executor, the graph registry, the memory accounts, the
-// data plane's worker) is the NodeContext's. While idle, a session's thread drives the worker
-// itself (leader/followers) so that its next request needs no wake-up (docs/thread_model.md).
+// order: PutTensors, GetTensors, FreeTensors, RegisterGraph, RunGraph, StatsRequest,
+// SendTensors. Sessions run concurrently; what they share (the executor, the graph registry,
+// the memory accounts, the data plane's worker) is the NodeContext's. While idle, a session's
+// thread drives the worker itself (leader/followers) so that its next request needs no wake-up
+// (docs/thread_model.md).
+//
+// Node to node: other nodes' connections attached to the session (Hello.attach_session) put
+// tensors into its store; the session thread runs those puts too, also while it waits for its
+// own SendTensors to a peer (so two sessions sending to each other at once never wait on each
+// other). A session's SendTensors go through the C++ client (genie::client::Client): one
+// connection per (peer address, peer session), at most kMaxPeerConnections, closed when the
+// session ends.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,13 +21,16 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "genie/client/client.h"
 #include "genie/node/executor.h"
 #include "genie/status.h"
 #include "genie/transport/endpoint.h"
@@ -52,6 +63,16 @@ struct NodeContext {
   const uint64_t session_memory_limit;  // each session's quota, bytes; 0: the node's limit only
   std::shared_ptr<transport::Worker> worker;
   std::atomic<uint64_t> ops_executed{0};
+  /// Node-to-node transfers (Stats.peer_*): bytes (headers + payloads) sent to other nodes'
+  /// sessions and received from other nodes on attached connections; transfers made
+  /// (SendTensors served) and received (attached PutTensors).
+  std::atomic<uint64_t> peer_bytes_sent{0};
+  std::atomic<uint64_t> peer_bytes_received{0};
+  std::atomic<uint64_t> peer_transfers{0};
+  /// The data plane's settings of the connections sessions open to other nodes (SendTensors),
+  /// and the client name they say Hello with.
+  transport::WorkerConfig peer_transport;
+  std::string peer_client_name = "genie-node";
 
   /// Sends a reply (header copied; `payload` must live until sent: `keep_alive` holds it). From
   /// any thread: inline when nobody drives the worker, else through the progress thread.
@@ -66,6 +87,10 @@ struct NodeContext {
   virtual wire::StatsArgs collectStats() const = 0;
 };
 
+/// Connections to other nodes' sessions one session keeps open for SendTensors; past it the
+/// least recently used one is closed first (docs/security.md).
+inline constexpr size_t kMaxPeerConnections = 8;
+
 class Session {
  public:
   /// Starts the session's thread. `node` outlives the session.
@@ -77,6 +102,11 @@ class Session {
 
   /// Queues a verified request of this session (progress thread).
   void enqueue(transport::InboundMessage message);
+  /// Queues a verified PutTensors that came on a connection attached to this session (another
+  /// node's SendTensors); it is answered on that connection (progress thread).
+  void enqueueAttached(transport::InboundMessage message);
+  /// The session's id (Welcome.session_id).
+  const wire::Handle& id() const { return id_; }
   /// Ends the session: its thread finishes the request it runs, frees every tensor and exits.
   /// Idempotent; joins the thread.
   void stop();
@@ -89,6 +119,13 @@ class Session {
   void getTensors(uint64_t id, const wire::GetTensors& get);
   void registerGraph(uint64_t id, const wire::RegisterGraph& reg);
   void runGraph(uint64_t id, transport::InboundMessage& message, const wire::RunGraph& run);
+  /// SendTensors: puts this session's tensors into a session of another node, as its client.
+  void sendToPeer(uint64_t id, const wire::SendTensors& send);
+  /// Runs `work` on a helper thread and meanwhile runs the attached puts that arrive; returns
+  /// once `work` returned.
+  void runServingAttached(const std::function<void()>& work);
+  /// Runs one PutTensors of an attached connection and answers it there.
+  void handleAttached(transport::InboundMessage& message);
   Status receive(transport::InboundMessage& message, void* destination, size_t bytes);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
                    uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
@@ -109,9 +146,19 @@ class Session {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<transport::InboundMessage> queue;
-  std::atomic<size_t> queued{0};             // queue.size(), readable without the mutex
+  std::deque<transport::InboundMessage> attached_queue;  // PutTensors of attached connections
+  std::atomic<size_t> queued{0};             // both queues' sizes, readable without the mutex
   std::atomic<bool> stopping{false};         // set under the mutex; the leader reads it without
   TensorStore tensors{node.memory, memory};  // session thread only
+  /// A connection to a session of another node (SendTensors), reused by later sends there.
+  struct PeerLink {
+    std::string address;           // "host:port" as the SendTensors named it
+    wire::Handle peer_session{};   // the session it is attached to there
+    std::unique_ptr<client::Client> client;
+    uint64_t last_used = 0;        // sends_ when it was last used (least recently used goes first)
+  };
+  std::vector<PeerLink> peers;  // session thread only; at most kMaxPeerConnections
+  uint64_t sends_ = 0;          // SendTensors run so far (session thread only)
 };
 
 }  // namespace genie::node

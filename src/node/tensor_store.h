@@ -38,6 +38,11 @@ class TensorStore {
   /// The tensor under `handle`, or nullptr.
   const at::Tensor* find(const wire::Handle& handle) const;
   bool contains(const wire::Handle& handle) const { return tensors_.count(handle) != 0; }
+  /// The residency class `handle` was stored with; EphemeralActivation if it is unknown.
+  wire::Residency residencyOf(const wire::Handle& handle) const {
+    auto it = tensors_.find(handle);
+    return it == tensors_.end() ? wire::Residency::EphemeralActivation : it->second.residency;
+  }
   /// Releases every tensor.
   void clear();
   /// Handles held.

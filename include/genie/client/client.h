@@ -101,6 +101,11 @@ struct ClientOptions {
   transport::WorkerConfig transport;
   /// Protocol version announced in Hello (tests use another to check refusal).
   uint32_t protocol_version = wire::kProtocolVersion;
+  /// {0,0}: open a new session. Else the id of an existing session on the node (its Welcome's
+  /// session_id, from the connection that owns it) to attach this connection to: its puts land
+  /// in that session (Hello.attach_session; genie-node's node-to-node transfers). An attached
+  /// connection may only put tensors; the node refuses an unknown id (Unauthenticated).
+  wire::Handle attach_session{};
 };
 
 class Client {
@@ -154,6 +159,18 @@ class Client {
   size_t asyncInFlight() const;
   Result<wire::StatsArgs> stats();
   Status ping();
+  /// Node to node (SendTensors): the node sends the tensors `handles` of this session straight
+  /// to session `peer_session` (that session's sessionId()) of the node at `peer` ("host:port",
+  /// as this node reaches it; `auth_token`: that node's token), where they are stored under
+  /// `peer_handles` (as many) with their residency. Their bytes never pass through this client:
+  /// it sends one small request and gets an Ack. Errors (kRemote): UnknownHandle (a handle not
+  /// in this session), PeerUnreachable (naming `peer`: down, refused, dead within the peer
+  /// timeout), or the peer's own refusal (Unauthenticated for a wrong token or session id,
+  /// DuplicateHandle, OutOfMemory), its message prefixed with the peer's address.
+  Status sendTensors(const std::string& peer, const std::string& auth_token, const wire::Handle& peer_session,
+                     std::span<const wire::Handle> handles, std::span<const wire::Handle> peer_handles);
+  /// False once the connection failed or was closed (the node died, stopped, closed it).
+  bool connected() const;
   /// Traffic so far (any thread).
   ClientCounters counters() const;
   /// This session's resident bytes on the node as of the last reply that reports them (Ack,

@@ -246,6 +246,70 @@ def test_an_unsupported_op_runs_eagerly():
     assert sum(p["engine"] == "node" for p in parts) == 2  # before and after it, on the node
 
 
+@torch.library.custom_op("genie_compile_test::peek", mutates_args=())
+def _peek(state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return state * 10 + x
+
+
+@_peek.register_fake
+def _(state, x):
+    return torch.empty_like(x)
+
+
+def test_a_write_back_runs_after_an_eager_read_of_the_input():
+    """`state.add_(y)` is written back by copy_ at the graph's end, and an eager op reads
+    `state` and the first part's `y`: the write-back joins the part after that read (never one
+    that runs before it, partition.py), so each call reads the old state and leaves the new one,
+    as eager does."""
+    def f(state, x):
+        y = x * 2
+        z = torch.ops.genie_compile_test.peek(state, y)
+        state.add_(y)
+        return z + y
+
+    state, x = torch.ones(4), torch.arange(4.0)
+    remote_state = state.to(DEV)
+    compiled = torch.compile(f, backend="genie")
+    first = len(genie.compile_stats()["graphs"])
+    for _ in range(3):  # the first call captures, the others run the captured parts
+        expected = f(state, x)
+        torch.testing.assert_close(compiled(remote_state, x.to(DEV)).cpu(), expected)
+        torch.testing.assert_close(remote_state.cpu(), state)
+    (graph,) = genie.compile_stats()["graphs"][first:]
+    assert sorted(p["engine"] for p in graph["parts"]) == ["eager", "node", "node"]
+    # The write-back runs in a captured part (the one after the eager read): no eager copy_.
+    writer = [p for p in graph["parts"] if "aten.copy_.default" in p["ops"]]
+    assert len(writer) == 1 and writer[0]["engine"] == "node" and writer[0]["calls"] == 3
+
+
+def test_a_write_back_in_a_part_before_a_read_of_its_input_is_found():
+    """partition's check on a split graph built by hand: part fused_0 writes input `state` back
+    and an op outside reads `state` after fused_0 ran: that write-back is misplaced."""
+    import torch.fx
+    from genie.compile.partition import _misplaced_write_backs
+
+    sub = torch.fx.Graph()
+    p = sub.placeholder("state")
+    new = sub.call_function(torch.ops.aten.add.Tensor, (p, 1))
+    sub.call_function(torch.ops.aten.copy_.default, (p, new), name="write_back")
+    sub.output(new)
+    outer = torch.fx.Graph()
+    state = outer.placeholder("state")
+    part = outer.call_module("fused_0", (state,))
+    late = outer.call_function(torch.ops.aten.mul.Tensor, (state, 2))  # reads state after the part
+    outer.output((part, late))
+    root = torch.nn.Module()
+    root.fused_0 = torch.fx.GraphModule(torch.nn.Module(), sub)
+    split = torch.fx.GraphModule(root, outer)
+    assert _misplaced_write_backs(split) == {"write_back"}
+    outer.erase_node(outer.output_node())
+    outer.erase_node(late)
+    early = outer.call_function(torch.ops.aten.mul.Tensor, (state, 2))
+    outer.output((part, early))
+    part.prepend(early)  # the read runs before the part now: nothing is misplaced
+    assert _misplaced_write_backs(torch.fx.GraphModule(root, outer)) == frozenset()
+
+
 def test_unknown_options_and_a_wrong_node_raise():
     with pytest.raises(ValueError, match="unknown option.*'bogus'.*accepted: node, mode"):
         genie.compile.parse_options(None, {"bogus": 1})

@@ -521,7 +521,25 @@ class PyClient {
     out["packages_built"] = s->packages_built;
     out["packages_loaded"] = s->packages_loaded;
     out["compile_failures"] = s->compile_failures;
+    out["peer_bytes_sent"] = s->peer_bytes_sent;
+    out["peer_bytes_received"] = s->peer_bytes_received;
+    out["peer_transfers"] = s->peer_transfers;
     return out;
+  }
+
+  void sendTensors(const std::string& peer, const std::string& auth_token, const py::bytes& peer_session,
+                   const py::list& handles, const py::list& peer_handles) {
+    if (handles.size() == 0 || handles.size() != peer_handles.size()) {
+      throw py::value_error("send_tensors: " + std::to_string(handles.size()) + " handles and " +
+                            std::to_string(peer_handles.size()) + " peer_handles (need as many, at least one)");
+    }
+    const wire::Handle session = idOf<wire::Handle>(peer_session, "send_tensors: peer_session");
+    std::vector<wire::Handle> ids, peer_ids;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      ids.push_back(idOf<wire::Handle>(handles[i], at("send_tensors: handles", i)));
+      peer_ids.push_back(idOf<wire::Handle>(peer_handles[i], at("send_tensors: peer_handles", i)));
+    }
+    check(withoutGil([&] { return live().sendTensors(peer, auth_token, session, ids, peer_ids); }));
   }
 
   double ping() {
@@ -707,7 +725,9 @@ Every blocking method releases the GIL while it waits.
       .def(py::init<const std::string&, int, const std::string&, const std::string&, int64_t>(), py::arg("host"),
            py::arg("port"), py::arg("name") = "genie-python", py::arg("auth_token") = "",
            py::arg("timeout_ms") = 60000)
-      .def_property_readonly("session_id", &PyClient::sessionId, "The session's id (16 bytes).")
+      .def_property_readonly("session_id", &PyClient::sessionId,
+                             "The session's id (16 bytes, the node's Welcome): what another node's "
+                             "send_tensors names as peer_session to put tensors into this session.")
       .def_property_readonly("device", &PyClient::device, "The node's device: \"cpu\", \"cuda:0\".")
       .def_property_readonly("node_name", &PyClient::nodeName, "The node's name.")
       .def_property_readonly("memory_limit", &PyClient::memoryLimit,
@@ -722,7 +742,7 @@ Every blocking method releases the GIL while it waits.
            "The running totals ('allocated', 'freed') start again at 0.")
       .def_property_readonly("address", &PyClient::address, "\"host:port\" of the node.")
       .def_readonly("completed_calls", &PyClient::completed_calls,
-                    "How many put/get/register_graph/run_graph/run_graph_async calls returned.")
+                    "How many put/get/register_graph/run_graph/run_graph_async/send_tensors calls returned.")
       .def_readwrite("last_result", &PyClient::last_result,
                      "The result of the last of those calls to return. When Ctrl-C arrives while a call "
                      "waits, Python raises KeyboardInterrupt as the call returns, after the node did the "
@@ -800,7 +820,28 @@ waits until every run sent so far is answered (at most the request timeout).)doc
       .def("stats", &PyClient::stats, R"doc(
 stats() -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
 graphs_cached, ops_executed, bytes_in, bytes_out (bytes), memory_limit (bytes, 0 = none),
-uptime_us (µs).
+uptime_us (µs), session_resident, device_free, device_total (bytes), package_calls,
+executor_calls, packages_built, packages_loaded, compile_failures (compiled parts),
+peer_bytes_sent, peer_bytes_received (bytes, headers and payloads, this node sent to and
+received from other nodes: send_tensors), peer_transfers (send_tensors this node served plus
+those it received).
+)doc")
+      .def("send_tensors", returning(&PyClient::sendTensors), py::arg("peer"), py::arg("auth_token"),
+           py::arg("peer_session"), py::arg("handles"), py::arg("peer_handles"), R"doc(
+send_tensors(peer: str, auth_token: str, peer_session: bytes, handles: list[bytes], peer_handles: list[bytes]) -> None
+
+Node to node: this client's node sends its resident tensors `handles` (16-byte handles of this
+session) straight to the session `peer_session` (16 bytes: that session's Client.session_id) of
+the node at `peer` ("host:port", as this client's node reaches it; `auth_token`: that node's
+token), where they are stored under `peer_handles` (as many; chosen by the caller) with their
+residency. The tensor bytes go from node to node; this client sends one small request and waits
+for the node's Ack (blocks until every tensor is stored on the peer). The tensors arrive
+contiguous (shape and dtype kept). Raises ValueError (counts differ, none, a handle not 16
+bytes), GenieRemoteError: code "UnknownHandle" (a handle not in this session), "PeerUnreachable"
+(the peer is down, refused the connection or died: within the transport's peer timeout, 2.25 s by
+default; the message names `peer`), the peer's own code ("Unauthenticated" for a wrong token or
+session id, "DuplicateHandle", "OutOfMemory"; message "SendTensors: peer HOST:PORT refused: ...");
+GenieConnectionError when this client's own node is unreachable.
 )doc")
       .def("ping", &PyClient::ping, "ping() -> float: one Ping/Pong round trip, in seconds.")
       .def("counters", &PyClient::counters, R"doc(

@@ -194,7 +194,7 @@ def make_runtime(index: int) -> _runtime.Runtime:
     current = session()
     if index >= len(current.servers):
         raise RuntimeError(f"remote_accelerator:{index} does not exist: genie has {len(current.servers)} device(s)")
-    return _runtime.Runtime(index, lambda: current.connect(index), current.keep_host_copy)
+    return _runtime.Runtime(index, lambda: current.connect(index), current.keep_host_copy, current.auth_token or "")
 
 
 _runtime._make_runtime = make_runtime

@@ -57,9 +57,12 @@ class Runtime(Connection, Uploads, RngOps):
 
     max_in_flight = 32  # asynchronous runs outstanding before the program waits for them
 
-    def __init__(self, index: int, connect, keep_host_copy: bool = False) -> None:
+    def __init__(self, index: int, connect, keep_host_copy: bool = False, auth_token: str = "") -> None:
         self.index = index
         self.device = torch.device("remote_accelerator", index)
+        # The node's token: another node presents it to put tensors into this session (node to
+        # node moves, genie.transfers).
+        self.auth_token = auth_token
         self.recording = _C.Recording(index, self)
         Connection.__init__(self, connect, keep_host_copy)
         Uploads.__init__(self)

@@ -2,8 +2,10 @@
 
 `aten::_to_copy` and `aten::copy_` / `aten::_copy_from` upload host tensors (parameters as
 PersistentWeight), download device tensors (materialization: the pending graph runs and only
-the bytes read come back), or are recorded when both sides are on one device (the C++ recorder
-records those itself; they reach this module only when they cross the host);
+the bytes read come back), move a tensor from one remote device to another node to node
+(`_node_to_node`: the source node sends it to the destination node's session, the bytes never
+pass through this process), or are recorded when both sides are on one device (the C++ recorder
+records those itself; they reach this module only when they cross the host or a node);
 `aten::_local_scalar_dense` (`.item()`) reads one value; pinning is refused for device tensors
 as PyTorch refuses it for CUDA ones. Part of the capture layer (docs/frontend.md "Layers").
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import _C, progress
+from .graph import Value, new_handle
 from .recorder import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
 aten = torch.ops.aten
@@ -22,8 +25,14 @@ def to_copy(func, args, kwargs):
     device = kwargs.get("device")
     target = torch.device(device) if device is not None else src.device
     if target.type == _PRIVATEUSE1:
-        if _C.is_lazy(src) and src.device.index == (target.index if target.index is not None else _C.current_device()):
+        index = target.index if target.index is not None else _C.current_device()
+        if _C.is_lazy(src) and src.device.index == index:
             return record_op(func, args, kwargs)
+        if _C.is_lazy(src):
+            moved = _node_to_node(src, torch.device(_PRIVATEUSE1, index), kwargs)
+            if moved is not None:
+                progress.moved(src, target)
+                return moved
         cpu = src.cpu() if _C.is_lazy(src) else src
         converted = _host_conversion(cpu, kwargs)
         # Keyed by the source's host bytes when nothing was converted (tied weights upload once).
@@ -38,6 +47,50 @@ def to_copy(func, args, kwargs):
     if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
         return fetched
     return aten._to_copy.default(fetched, **rest)
+
+
+def _node_to_node(src, target: torch.device, kwargs: dict):
+    """`src.to(target, **kwargs)` for a LazyTensor on another remote device, node to node: the
+    source made resident on its node (the pending graph runs if it is not), a dtype conversion
+    recorded there first, then one SendTensors to the source's node names the target node's
+    address, token and session and a fresh handle; the new LazyTensor on `target` holds that
+    handle: contiguous, with the source's shape and dtype (as the host path makes it). This
+    process sends one small request; the bytes go from node to node.
+
+    None (the caller takes the host path: fetch, then upload) when a memory format other than
+    contiguous is asked, or when either runtime keeps host copies (`keep_host_copy`: a rebuilt
+    node needs the host bytes, which only the host path has). Raises the source node's
+    GenieRemoteError (PeerUnreachable naming the target's address, the target's refusal) or
+    GenieConnectionError."""
+    memory_format = kwargs.get("memory_format")
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    source, dest = runtime_of(src), runtime_for(target)
+    if source.lineage is not None or dest.lineage is not None:
+        return None
+    dtype = kwargs.get("dtype")
+    if dtype is not None and dtype != src.dtype:
+        src = src.to(dtype=dtype)  # recorded on the source's device: converted by its node
+    peer = dest.connection()  # the target's session: its address and id
+    value = source.value_of(src)
+    if value.node is not None or source.recording.pending_writes(value.storage):
+        source._execute([], [])  # runs what it needs; the tensor keeps it resident
+        value = source.value_of(src)
+    if value.handle is None:  # not kept by the node (nothing to send from): the host path
+        return None
+    shape = list(src.shape)
+    moved = Value.resident(None, src.dtype, new_handle(), value.residency)
+    moved.shape = tuple(shape)
+    try:
+        source._call("send_tensors", peer.address, dest.auth_token, peer.session_id, [value.handle], [moved.handle])
+    except KeyboardInterrupt:
+        # The node may have sent it before Ctrl-C took effect: the target frees the handle with
+        # its next request (an unknown handle is ignored).
+        dest.recording.note_resident(moved)
+        dest._release_unheld(moved)
+        raise
+    dest.recording.note_resident(moved)
+    return _C.make_lazy(moved, dest.recording, shape)
 
 
 def _host_conversion(cpu: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -66,6 +119,10 @@ def copy(func, args, kwargs):
     if _C.is_lazy(dst):
         if _C.is_lazy(src) and src.device == dst.device:
             return record_op(aten.copy_.default, (dst, src), {})
+        if _C.is_lazy(src):  # another remote device: moved node to node, then copied there
+            moved = _node_to_node(src, dst.device, {})
+            if moved is not None:
+                return record_op(aten.copy_.default, (dst, moved), {})
         cpu = src.cpu() if _C.is_lazy(src) else src
         runtime_of(dst).copy_from_host(dst, cpu, residency_of(src))
         return dst

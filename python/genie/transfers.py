@@ -83,9 +83,10 @@ def _node_to_node(src, target: torch.device, kwargs: dict):
     moved.shape = tuple(shape)
     try:
         source._call("send_tensors", peer.address, dest.auth_token, peer.session_id, [value.handle], [moved.handle])
-    except KeyboardInterrupt:
-        # The node may have sent it before Ctrl-C took effect: the target frees the handle with
-        # its next request (an unknown handle is ignored).
+    except BaseException:
+        # The tensor may have reached the target before the failure was seen (Ctrl-C once the
+        # node sent it, a reply lost with node 0): the target frees the handle with its next
+        # request (an unknown handle is ignored).
         dest.recording.note_resident(moved)
         dest._release_unheld(moved)
         raise

@@ -7,10 +7,13 @@
 
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "genie/client/client.h"
 #include "node_process.h"
 #include "node_test_util.h"
+#include "session.h"
 
 namespace genie::node {
 namespace {
@@ -151,6 +154,51 @@ TEST(NodePeer, AnAttachedConnectionOnlyPutsAndEndsWithItsSession) {
   while ((*attached)->connected() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
   EXPECT_FALSE((*attached)->connected());
   EXPECT_FALSE((*attached)->putTensor(Client::newHandle(), descOf(t), wire::Residency::EphemeralActivation, bytesOf(t)).isOk());
+}
+
+TEST(NodePeer, TwoSessionsSendingToEachOtherAtOnceBothFinish) {
+  // Each session's thread waits for its own send while it runs the other's put into it.
+  NodeProcess a, b;
+  auto on_a = connectOrFail(a.port()), on_b = connectOrFail(b.port());
+  ASSERT_TRUE(on_a && on_b);
+  at::Tensor x = at::arange(1 << 18, at::kFloat), y = at::arange(1 << 18, at::kDouble);
+  const wire::Handle hx = put(*on_a, x), hy = put(*on_b, y);
+  for (int round = 0; round < 5; ++round) {
+    const wire::Handle to_b[] = {Client::newHandle()}, to_a[] = {Client::newHandle()};
+    Status from_b;
+    std::thread other([&] { from_b = on_b->sendTensors(addressOf(a), "", on_a->sessionId(), {&hy, 1}, to_a); });
+    Status from_a = on_a->sendTensors(addressOf(b), "", on_b->sessionId(), {&hx, 1}, to_b);
+    other.join();
+    ASSERT_TRUE(from_a.isOk()) << from_a.toString();
+    ASSERT_TRUE(from_b.isOk()) << from_b.toString();
+    auto x_there = on_b->getTensor(to_b[0]), y_there = on_a->getTensor(to_a[0]);
+    ASSERT_TRUE(x_there.isOk() && y_there.isOk());
+    EXPECT_TRUE(at::equal(tensorOf(*x_there), x));
+    EXPECT_TRUE(at::equal(tensorOf(*y_there), y));
+  }
+}
+
+TEST(NodePeer, MorePeerSessionsThanConnectionsAreServedByClosingTheLeastRecentlyUsed) {
+  NodeProcess a, b;
+  auto on_a = connectOrFail(a.port());
+  ASSERT_TRUE(on_a);
+  std::vector<std::unique_ptr<Client>> on_b;
+  for (size_t i = 0; i < kMaxPeerConnections + 2; ++i) {
+    on_b.push_back(connectOrFail(b.port()));
+    ASSERT_TRUE(on_b.back());
+  }
+  const wire::Handle h = put(*on_a, at::arange(16, at::kInt));
+  // Each session of B once, then the first ones again (their connections were closed).
+  for (size_t round = 0; round < on_b.size() + 3; ++round) {
+    Client& peer = *on_b[round % on_b.size()];
+    const wire::Handle to[] = {Client::newHandle()};
+    Status sent = on_a->sendTensors(addressOf(b), "", peer.sessionId(), {&h, 1}, to);
+    ASSERT_TRUE(sent.isOk()) << "send " << round << ": " << sent.toString();
+    EXPECT_TRUE(peer.getTensor(to[0]).isOk());
+  }
+  auto stats = on_a->stats();
+  ASSERT_TRUE(stats.isOk());
+  EXPECT_EQ(stats->peer_transfers, on_b.size() + 3);
 }
 
 TEST(NodePeer, ADeadPeerFailsTheSendWithinThePeerTimeoutNamingIt) {

@@ -73,7 +73,10 @@ def get_device(index: int = 0) -> DeviceProperties:
 def memory_stats(device=None) -> dict:
     """The node's statistics: `resident` bytes by residency class ("PersistentWeight",
     "StatefulKvCache", "EphemeralActivation", "Gradient"), `sessions`, `graphs_cached`,
-    `ops_executed`, `bytes_in`, `bytes_out` (bytes), `memory_limit` (bytes, 0: none)."""
+    `ops_executed`, `bytes_in`, `bytes_out` (bytes), `memory_limit` (bytes, 0: none), the
+    compiled parts' engines (`package_calls`, `executor_calls`, `packages_built`,
+    `packages_loaded`, `compile_failures`) and the node-to-node traffic (`peer_bytes_sent`,
+    `peer_bytes_received`: bytes, `peer_transfers`)."""
     runtime = runtime_for(_device_of(device))  # None: the current device
     runtime.flush()
     return runtime.stats()

@@ -33,6 +33,42 @@ os.environ.setdefault("GENIE_NODE_COMPILE_CACHE", str(ROOT / "build" / "test-com
 os.environ.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)  # the nodes' compile worker: this venv
 
 
+class NodeProcess:
+    """A genie-node on loopback that a test can kill and start again on the same port:
+    `port` 0 lets the OS choose one (then kept for restarts); `token_file`: --auth-token-file."""
+
+    def __init__(self, port: int = 0, token_file: str | None = None) -> None:
+        self.port = port
+        self.token_file = token_file
+        self.process = None
+        self.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import re
+        command = [str(BIN / "genie-node"), "--listen", self.address, "--log-level", "error"]
+        if self.token_file is not None:
+            command += ["--auth-token-file", self.token_file]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        match = re.match(r"genie-node listening on 127\.0\.0\.1:(\d+)", line)
+        assert match, f"genie-node did not start: {line!r}"
+        self.port = int(match.group(1))
+
+    def kill(self) -> None:
+        import signal
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
 @pytest.fixture
 def genie_node():
     """A real genie-node on 127.0.0.1 (any free port); yields (host, port), then SIGTERM."""

@@ -6,8 +6,6 @@ refused with errors that name what failed, and the nodes serve on.
 """
 import os
 import re
-import signal
-import subprocess
 import time
 
 import pytest
@@ -15,40 +13,18 @@ import torch
 
 import genie
 import genie._C as C
-from conftest import BIN
+from conftest import NodeProcess
 from genie.errors import GenieError, GenieRemoteError
 
 TOKEN = "node-to-node-test-token"
 DEV0, DEV1 = "remote_accelerator:0", "remote_accelerator:1"
 
 
-class _Node:
-    """A genie-node on a loopback port of the OS's choosing, with the test's token."""
-
-    def __init__(self, token_file: str) -> None:
-        self.process = subprocess.Popen([str(BIN / "genie-node"), "--listen", "127.0.0.1:0", "--log-level", "error",
-                                         "--auth-token-file", token_file], stdout=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()
-        match = re.match(r"genie-node listening on (\S+):(\d+)", line)
-        assert match, f"genie-node did not start: {line!r}"
-        self.port = int(match.group(2))
-        self.address = f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
 @pytest.fixture
 def two_nodes(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    nodes = [_Node(str(token_file)), _Node(str(token_file))]
+    nodes = [NodeProcess(token_file=str(token_file)), NodeProcess(token_file=str(token_file))]
     genie.init(server=",".join(n.address for n in nodes), auth_token=TOKEN)
     yield nodes
     genie.shutdown()

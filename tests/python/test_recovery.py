@@ -4,49 +4,22 @@ genie.init(keep_host_copy=True): when the node dies, Genie connects again once i
 uploads the weights again, replays the runs that made the KV cache (genie.lineage), and the
 same unmodified generate() call finishes with the same tokens as on the CPU.
 """
-import re
-import signal
-import subprocess
 import threading
 
 import pytest
 import torch
 
 import genie
-from conftest import BIN
+from conftest import NodeProcess
 from genie import GenieConnectionError
 from genie.lineage import Lineage
 
 DEV = "remote_accelerator:0"
 
 
-class _Node:
-    """A genie-node on a fixed loopback port, that can be killed and started again there."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.process = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = subprocess.Popen([str(BIN / "genie-node"), "--listen", f"127.0.0.1:{self.port}",
-                                         "--log-level", "error"], stdout=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()
-        assert re.match(r"genie-node listening on 127\.0\.0\.1:\d+", line), line
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
 @pytest.fixture
 def restartable_node(free_port):
-    node = _Node(free_port)
+    node = NodeProcess(free_port)
     yield node
     genie.shutdown()
     node.stop()
@@ -62,7 +35,7 @@ class _KillAt:
     """A logits processor that, when the sequence reaches `length`, kills the node and starts
     it again on the same port half a second later (in the background, as an operator would)."""
 
-    def __init__(self, node: _Node, length: int) -> None:
+    def __init__(self, node: NodeProcess, length: int) -> None:
         self.node, self.length, self.fired = node, length, False
         self.restart = None
 

@@ -83,6 +83,11 @@ int printStats(const std::string& address, const std::string& token) {
                            "memory limit    {}\nuptime (s)      {:.1f}\n",
                            stats->graphs_cached, stats->ops_executed, stats->bytes_in, stats->bytes_out,
                            stats->memory_limit, stats->uptime_us / 1e6);
+  std::cout << fmt::format("compiled parts  {} by package, {} by executor; {} built, {} loaded, {} failures\n",
+                           stats->package_calls, stats->executor_calls, stats->packages_built, stats->packages_loaded,
+                           stats->compile_failures);
+  std::cout << fmt::format("peer bytes      {} sent, {} received in {} transfers\n", stats->peer_bytes_sent,
+                           stats->peer_bytes_received, stats->peer_transfers);
   return 0;
 }
 

@@ -15,7 +15,9 @@ Two ways in, chosen by where the tensors are:
 Each step's analysis (`genie.semantics.analyze`, cached by structure and shapes) gives its
 patterns, phase, residency per value and costs (FLOP, bytes). The schedule is
 `genie.scheduler.schedule` of the largest step's groups on `cluster` (a
-`genie.scheduler.Cluster`; default: none, and the report says so), for `goal`.
+`genie.scheduler.Cluster`; default: for a program that ran, the nodes it is connected to,
+measured by `genie.scheduler.connected_cluster`; for a captured one none, and the report
+says so), for `goal`.
 
 Errors: what `fn` raises; `capture`'s ValueError/RuntimeError for a program it cannot trace.
 """
@@ -198,7 +200,8 @@ class Explanation:
 
 def explain(fn, *args, cluster=None, goal: str = "latency", **kwargs) -> Explanation:
     """Analyses `fn(*args, **kwargs)` (see the module docstring) and returns the Explanation.
-    `cluster`: a genie.scheduler.Cluster to schedule the largest step on; `goal`: "latency" or
+    `cluster`: a genie.scheduler.Cluster to schedule the largest step on (default: the
+    connected nodes for a program that ran, none for a captured one); `goal`: "latency" or
     "throughput". Raises what `fn` raises, and capture's errors for a CPU program it cannot trace."""
     if _has_remote(fn, args, kwargs):
         from . import runtime
@@ -214,11 +217,13 @@ def explain(fn, *args, cluster=None, goal: str = "latency", **kwargs) -> Explana
     else:
         graph = capture(fn, *args, **kwargs)
         report = Explanation([Step(f"{_DEVICE} (as if)", graph, analyze(graph))], "captured")
+    from .scheduler import connected_cluster, schedule
+    if cluster is None and report.mode == "recorded":
+        cluster = connected_cluster()  # the nodes the program ran on, measured (once per process)
     if not report.steps:
         report.schedule_note = "nothing ran"
     elif cluster is None:
         report.schedule_note = "no cluster given (genie.explain(..., cluster=genie.scheduler.Cluster(...)))"
     else:
-        from .scheduler import schedule
         report.schedule = schedule(report.largest().annotated.to_groups(), cluster, goal)
     return report

@@ -56,6 +56,21 @@ def test_gpt2_generate_shows_prefill_then_decode_with_a_kv_cache_and_attention_i
     assert all(cls == "activation" for v, cls in a.residency.items() if g.values[v].shape == (1, 1, 100))
     text = str(report)
     assert "prefill" in text and "decode" in text and "kv_cache 2" in text
+    # Scheduled on the node it ran on, measured: every group there.
+    assert set(report.schedule.placement.values()) == {"remote_accelerator:0"}
+
+
+def test_the_connected_cluster_is_measured():
+    from genie.scheduler import connected_cluster
+    cluster = connected_cluster()
+    (node,) = cluster.nodes
+    free, total = torch.remote_accelerator.mem_get_info(0)
+    assert node.name == "remote_accelerator:0" and node.memory_limit == total and node.device == "cpu"
+    assert 1e8 < node.flops_per_s < 1e13 and 1e8 < node.bytes_per_s < 1e12  # a CPU core's range, measured
+    link = cluster.link("client", "remote_accelerator:0")
+    assert 0 < link.latency_s < 0.05 and link.bytes_per_s > 1e7
+    again = connected_cluster().nodes[0]  # rates measured once per process; free memory read each time
+    assert (again.flops_per_s, again.bytes_per_s) == (node.flops_per_s, node.bytes_per_s)
 
 
 def test_a_cpu_module_is_analysed_as_if_remote_without_running(tmp_path):

@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import platform
-import random
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from genie.semantics import AnalysisCache, SemGraph, capture  # noqa: E402
-from genie.semantics.graph import encode_shapes  # noqa: E402
+from genie.semantics.graph import encode_shapes, renumbered  # noqa: E402
 
 DEFAULT_JSON = ROOT / "docs" / "perf" / "semantics.json"
 PROMPT = (464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 4874, 2402, 257, 640, 11, 612, 373, 257, 1310)
@@ -169,31 +168,6 @@ def _run_decode(steps: int) -> dict:
             "rows": rows, "stats": s}
 
 
-def renumbered(graph: SemGraph, seed: int, reorder: bool) -> SemGraph:
-    """The same graph with other value ids, and (reorder) its ops in another topological order."""
-    rng = random.Random(seed)
-    order = list(range(len(graph.nodes)))
-    if reorder:
-        pending = [len({graph.values[v].producer for v in n.inputs if graph.values[v].producer >= 0})
-                   for n in graph.nodes]
-        ready = [i for i, p in enumerate(pending) if p == 0]
-        order = []
-        while ready:
-            i = ready.pop(rng.randrange(len(ready)))
-            order.append(i)
-            for r in sorted({c for o in graph.nodes[i].outputs for c in graph.consumers(o)}):
-                pending[r] -= 1
-                if pending[r] == 0:
-                    ready.append(r)
-    ids = dict(zip(graph.values, rng.sample(range(10 ** 7), len(graph.values))))
-    nodes = [{"op": n.op, "inputs": [ids[v] for v in n.inputs], "outputs": [ids[v] for v in n.outputs],
-              "attrs": dict(n.attrs), "arg_names": n.arg_names, "writes": [ids[v] for v in n.writes]}
-             for n in (graph.nodes[i] for i in order)]
-    values = {ids[vid]: {"shape": v.shape, "dtype": v.dtype, "kind": v.kind, "name": v.name,
-                         "mutated": v.mutated and v.producer < 0} for vid, v in graph.values.items()}
-    return SemGraph.from_nodes(nodes, values, [ids[o] for o in graph.outputs])
-
-
 @torch.no_grad()
 def run_latency(repeats: int) -> dict:
     model = gpt2()
@@ -242,7 +216,7 @@ def run_latency(repeats: int) -> dict:
     for name, reorder in (("hit_program_form_us", False), ("hit_canonical_form_us", True)):
         xs = []
         for r in range(repeats):
-            g = renumbered(decode, r, reorder)
+            g, _, _ = renumbered(decode, r, reorder)
             before = warm.counts["l1_hits"]
             xs.append(timed(warm, g))
             assert warm.counts["l1_hits"] == before + 1, name

@@ -4,7 +4,6 @@ scheduler's group graph. Pure analysis: no genie-node, no download."""
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from genie.semantics import (CLIENT, AnalysisCache, GraphBuilder, Pattern, SemGraph, analyze,  # noqa: E402
                              capture, estimate_time_s, from_fx, register, to_groups, unregister, wl_hash)
 from genie.semantics.cost import node_cost  # noqa: E402
+from genie.semantics.graph import renumbered  # noqa: E402
 from genie.semantics.patterns import Match  # noqa: E402
 
 N_LAYER = 3
@@ -449,31 +449,9 @@ def test_wl_equivalent_but_not_isomorphic_graphs_are_not_confused():
     assert cache.stats()["l1_hits"] == 2 and cache.stats()["structures"] == 2
 
 
-def reordered(graph, seed):
-    """The same graph with its ops in another topological order and other value ids."""
-    rng = random.Random(seed)
-    pending = [len({graph.values[v].producer for v in n.inputs if graph.values[v].producer >= 0}) for n in graph.nodes]
-    ready = [i for i, p in enumerate(pending) if p == 0]
-    order = []
-    while ready:
-        i = ready.pop(rng.randrange(len(ready)))
-        order.append(i)
-        for r in sorted({c for o in graph.nodes[i].outputs for c in graph.consumers(o)}):
-            pending[r] -= 1
-            if pending[r] == 0:
-                ready.append(r)
-    new_ids = dict(zip(graph.values, rng.sample(range(10 ** 6), len(graph.values))))
-    nodes = [{"op": n.op, "inputs": [new_ids[v] for v in n.inputs], "outputs": [new_ids[v] for v in n.outputs],
-              "attrs": dict(n.attrs), "arg_names": n.arg_names, "writes": [new_ids[v] for v in n.writes]}
-             for n in (graph.nodes[i] for i in order)]
-    values = {new_ids[vid]: {"shape": v.shape, "dtype": v.dtype, "kind": v.kind, "name": v.name,
-                             "mutated": v.mutated and v.producer < 0} for vid, v in graph.values.items()}
-    return SemGraph.from_nodes(nodes, values, [new_ids[o] for o in graph.outputs]), order, new_ids
-
-
 def test_cache_serves_reordered_graph_from_level1(gpt2_steps):
     _, decode, _ = gpt2_steps
-    shuffled, order, new_ids = reordered(decode, seed=1)
+    shuffled, order, new_ids = renumbered(decode, seed=1)
     assert order != list(range(len(decode.nodes)))
     assert wl_hash(shuffled) == wl_hash(decode)
     cache = AnalysisCache()

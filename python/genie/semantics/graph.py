@@ -832,3 +832,32 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> SemGraph:
     kinds = [kind for _, _, kind in module_names] + [s.kind for s in slots]
     names = [name for _, name, _ in module_names] + [s.name for s in slots]
     return from_fx(gm, input_kinds=kinds, input_names=names)
+
+
+def renumbered(graph: SemGraph, seed: int, reorder: bool = True) -> tuple[SemGraph, list[int], dict[int, int]]:
+    """The same program as another `SemGraph`: other value ids (random, from `seed`) and, with
+    `reorder`, its ops in another topological order. Returns (graph, order: the original index
+    of each new node, ids: original value id -> new one). What the analysis cache must treat
+    as equal (its tests and perf/bench_semantics.py)."""
+    import random
+    rng = random.Random(seed)
+    order = list(range(len(graph.nodes)))
+    if reorder:
+        pending = [len({graph.values[v].producer for v in n.inputs if graph.values[v].producer >= 0})
+                   for n in graph.nodes]
+        ready = [i for i, p in enumerate(pending) if p == 0]
+        order = []
+        while ready:
+            i = ready.pop(rng.randrange(len(ready)))
+            order.append(i)
+            for r in sorted({c for o in graph.nodes[i].outputs for c in graph.consumers(o)}):
+                pending[r] -= 1
+                if pending[r] == 0:
+                    ready.append(r)
+    ids = dict(zip(graph.values, rng.sample(range(10 ** 7), len(graph.values))))
+    nodes = [{"op": n.op, "inputs": [ids[v] for v in n.inputs], "outputs": [ids[v] for v in n.outputs],
+              "attrs": dict(n.attrs), "arg_names": n.arg_names, "writes": [ids[v] for v in n.writes]}
+             for n in (graph.nodes[i] for i in order)]
+    values = {ids[vid]: {"shape": v.shape, "dtype": v.dtype, "kind": v.kind, "name": v.name,
+                         "mutated": v.mutated and v.producer < 0} for vid, v in graph.values.items()}
+    return SemGraph.from_nodes(nodes, values, [ids[o] for o in graph.outputs]), order, ids

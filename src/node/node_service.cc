@@ -99,6 +99,16 @@ struct NodeService::Impl : NodeContext {
     if (quota == 0 || node_limit == 0) return std::max(quota, node_limit);
     return std::min(quota, node_limit);
   }
+  /// The Welcome of session `session_id` (a new session, or one a connection attached to).
+  wire::WelcomeArgs welcomeOf(const wire::Handle& session_id) const {
+    wire::WelcomeArgs welcome;
+    welcome.session_id = session_id;
+    welcome.node_name = config.name;
+    welcome.device = config.device;
+    welcome.memory_limit = sessionMemoryLimit();
+    welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
+    return welcome;
+  }
   bool stopped = false;
 
   Impl(const NodeConfig& c, c10::Device d)
@@ -230,13 +240,7 @@ void NodeService::Impl::onMessage(InboundMessage message) {
       ++session_count;
       GENIE_LOG_INFO("session {} for '{}' (pid {}) from {}", wire::toString(session_id), wire::stringOf(hello->client_name()),
                      hello->pid(), from->peer());
-      wire::WelcomeArgs welcome;
-      welcome.session_id = session_id;
-      welcome.node_name = config.name;
-      welcome.device = config.device;
-      welcome.memory_limit = sessionMemoryLimit();
-      welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
-      return reply(*from, wire::buildWelcome(id, welcome));
+      return reply(*from, wire::buildWelcome(id, welcomeOf(session_id)));
     }
     case wire::Body::Ping:
       if (session == sessions.end() && attached == attachments.end()) break;  // before a session, only Hello is answered
@@ -293,13 +297,7 @@ void NodeService::Impl::attach(const std::shared_ptr<Endpoint>& from, uint64_t i
   from->admitFromProgressThread();
   attachments.emplace(from.get(), target->second);
   GENIE_LOG_INFO("connection from {} attached to session {} (node to node)", from->peer(), wire::toString(session_id));
-  wire::WelcomeArgs welcome;
-  welcome.session_id = session_id;
-  welcome.node_name = config.name;
-  welcome.device = config.device;
-  welcome.memory_limit = sessionMemoryLimit();
-  welcome.max_header_bytes = wire::VerifyLimits{}.max_header_bytes;
-  reply(*from, wire::buildWelcome(id, welcome));
+  reply(*from, wire::buildWelcome(id, welcomeOf(session_id)));
 }
 
 void NodeService::Impl::endSession(const Endpoint* endpoint) {

@@ -413,14 +413,9 @@ class KVCachePattern(Pattern):
         """The cache made by this step: what the attention reads (or a view between it and its
         origin) is made here and outlives the program (one of its outputs: a DynamicCache's
         first update keeps the prompt's keys as the cache, no write op)."""
-        vid = read
-        while True:
-            if vid in graph.outputs:
-                return vid, read, [], 0.8, "create"
-            p = graph.values[vid].producer
-            if p < 0 or graph.nodes[p].base not in PASSTHROUGH_OPS or not graph.nodes[p].inputs:
-                return None
-            vid = graph.nodes[p].inputs[0]
+        chain = [read] + [graph.nodes[p].inputs[0] for p in _view_chain(graph, read)]
+        kept = next((v for v in chain if v in graph.outputs), None)
+        return None if kept is None else (kept, read, [], 0.8, "create")
 
     @staticmethod
     def _new_data(graph: SemGraph, n: Any) -> int | None:

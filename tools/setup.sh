@@ -23,6 +23,7 @@ PACKAGES=(
   libsodium-dev                              # constant-time token comparison
   clang-14 libclang-rt-14-dev                # libFuzzer targets
   iproute2                                   # network namespaces for two-host tests
+  libcurl4-openssl-dev etcd-server           # cluster membership: genie-node --etcd (docs/node.md)
 )
 missing=()
 for package in "${PACKAGES[@]}"; do

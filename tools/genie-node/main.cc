@@ -28,6 +28,7 @@
 #include "genie/log.h"
 #include "genie/node/node_service.h"
 #include "genie/units.h"
+#include "node/membership.h"
 
 namespace {
 
@@ -89,6 +90,25 @@ int printStats(const std::string& address, const std::string& token) {
   std::cout << fmt::format("peer bytes      {} sent, {} received in {} transfers\n", stats->peer_bytes_sent,
                            stats->peer_bytes_received, stats->peer_transfers);
   return 0;
+}
+
+/// The HOST:PORT a node registers in etcd: `advertise` when given (its port 0: the port the
+/// node listens on), else the listening host and port, where a wildcard host (0.0.0.0, ::)
+/// becomes this machine's host name.
+bool advertisedAddress(const std::string& advertise, const std::string& listen_host, uint16_t port,
+                       std::string* address) {
+  std::string host = listen_host;
+  uint16_t advertised_port = port;
+  if (!advertise.empty()) {
+    if (!splitHostPort(advertise, &host, &advertised_port)) return false;
+    if (advertised_port == 0) advertised_port = port;
+  } else if (host == "0.0.0.0" || host == "::" || host == "[::]") {
+    char name[256] = {};
+    if (gethostname(name, sizeof name - 1) != 0) return false;
+    host = name;
+  }
+  *address = host + ":" + std::to_string(advertised_port);
+  return true;
 }
 
 /// Host memory is the CPU device's memory: like the CUDA caching allocator, keep what executed
@@ -171,6 +191,26 @@ int main(int argc, char** argv) {
                  "import genie and torch)")
       ->envname("GENIE_NODE_COMPILE_PYTHON")
       ->capture_default_str();
+  genie::node::MembershipConfig membership_config;
+  std::string advertise;
+  int etcd_ttl_s = 5;
+  app.add_option("--etcd", membership_config.etcd_url,
+                 "etcd's client URL (http://HOST:PORT): once listening, register under a lease as "
+                 "PREFIX+ADDRESS (docs/node.md 'Cluster membership'); unreachable at start: exit status 1; "
+                 "empty: no registration")
+      ->envname("GENIE_NODE_ETCD");
+  app.add_option("--etcd-prefix", membership_config.prefix, "the etcd key prefix under which nodes register")
+      ->envname("GENIE_NODE_ETCD_PREFIX")
+      ->capture_default_str();
+  app.add_option("--etcd-ttl-s", etcd_ttl_s,
+                 "seconds of the etcd lease: a killed node's key goes after this long; kept alive every third of it")
+      ->envname("GENIE_NODE_ETCD_TTL_S")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--advertise", advertise,
+                 "HOST:PORT that clients reach this node at, registered in etcd (port 0: the listening port); "
+                 "default the --listen address, its wildcard host replaced by the host name")
+      ->envname("GENIE_NODE_ADVERTISE");
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print every setting that has an environment variable (NAME=value  # flag, default: help) and exit");
@@ -262,6 +302,32 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "genie-node: %s\n", service.status().toString().c_str());
     return 1;
   }
+  std::unique_ptr<genie::node::Membership> membership;
+  if (!membership_config.etcd_url.empty()) {
+    // Registered before the "listening" line: a node that says it listens is also listed.
+    genie::node::NodeRecord record;
+    if (!advertisedAddress(advertise, config.host, (*service)->port(), &record.address)) {
+      std::fprintf(stderr, "genie-node: --advertise '%s' is not HOST:PORT\n", advertise.c_str());
+      (*service)->stop();
+      return 2;
+    }
+    genie::wire::StatsArgs node_stats = (*service)->stats();
+    record.device = device;
+    record.memory_limit = config.memory_limit;
+    record.memory_total = node_stats.device_total;
+    record.version = GENIE_VERSION;
+    record.protocol_version = genie::wire::kProtocolVersion;
+    record.pid = getpid();
+    membership_config.ttl = std::chrono::seconds(etcd_ttl_s);
+    auto joined = genie::node::Membership::join(membership_config, record);
+    if (!joined) {
+      std::fprintf(stderr, "genie-node: cannot register in etcd (--etcd %s): %s\n", membership_config.etcd_url.c_str(),
+                   joined.status().toString().c_str());
+      (*service)->stop();
+      return 1;
+    }
+    membership = std::move(*joined);
+  }
   std::printf("genie-node listening on %s:%u (device %s)\n", config.host.c_str(), (*service)->port(), device.c_str());
   std::fflush(stdout);
   static std::atomic<bool> owner_gone{false};
@@ -287,6 +353,7 @@ int main(int argc, char** argv) {
   } else {
     GENIE_LOG_INFO("genie-node: signal {}: shutting down", signal);
   }
+  if (membership) membership->leave();  // first: clients stop choosing it while it stops
   (*service)->stop();
   return 0;
 }

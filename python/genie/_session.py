@@ -6,7 +6,11 @@
 file) when a device is first used, and stops it at exit; if it dies, the next use starts
 another. Connections are made on first use of a device.
 
-Environment: `GENIE_SERVER` (nodes), `GENIE_AUTH_TOKEN` (token for named nodes),
+`init(etcd=URL)` or `GENIE_ETCD` makes the nodes those registered in etcd at that moment
+(genie.scheduler.membership), sorted by address.
+
+Environment: `GENIE_SERVER` (nodes), `GENIE_ETCD` and `GENIE_ETCD_PREFIX` (nodes registered in
+etcd), `GENIE_AUTH_TOKEN` (token for named nodes),
 `GENIE_TIMEOUT_MS` (per-request timeout, default 60000), `GENIE_NODE_BIN` (the genie-node
 executable for the embedded node), `GENIE_EMBEDDED_DEVICE` (its device, default "cpu").
 """
@@ -157,16 +161,17 @@ _lock = threading.Lock()
 
 
 def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None,
-         keep_host_copy: bool | None = None) -> Session:
+         keep_host_copy: bool | None = None, etcd: str | None = None) -> Session:
     """Chooses the nodes (see module docstring). Idempotent without arguments."""
     global _session
     _runtime.check_not_forked("genie.init")
     with _lock:
-        if _session is not None and server is None and keep_host_copy is None:
+        if _session is not None and server is None and keep_host_copy is None and etcd is None:
             return _session
         if _session is not None:
             _shutdown_locked()
         from . import _C
+        server = _servers_from_etcd(server, etcd)
         server = server if server is not None else config.get("GENIE_SERVER")
         timeout_ms = timeout_ms or config.get("GENIE_TIMEOUT_MS")
         if keep_host_copy is None:
@@ -182,6 +187,22 @@ def init(server=None, auth_token: str | None = None, timeout_ms: int | None = No
             _session = Session([NodeAddress("127.0.0.1", 0)], node.token, node, timeout_ms, keep_host_copy)
         _C.set_device_count(len(_session.servers))
         return _session
+
+
+def _servers_from_etcd(server, etcd: str | None):
+    """`server`, or the nodes registered in etcd when `etcd` (else `GENIE_ETCD`, unless a server
+    is named) gives a URL. Raises ValueError when both name nodes, GenieConnectionError naming
+    the URL when etcd cannot be reached or lists none."""
+    if server is not None and etcd is not None:
+        raise ValueError("genie.init: give server= or etcd=, not both")
+    if server is None and etcd is None:
+        etcd = config.get("GENIE_ETCD")
+        if etcd and config.get("GENIE_SERVER"):
+            raise ValueError("genie: GENIE_SERVER and GENIE_ETCD are both set; set one")
+    if not etcd:
+        return server
+    from .scheduler.membership import addresses_from_etcd  # imported only when etcd is used
+    return addresses_from_etcd(etcd, config.get("GENIE_ETCD_PREFIX"))
 
 
 def session() -> Session:

@@ -37,9 +37,14 @@ class DeviceProperties:
 
 
 def init(server=None, auth_token: str | None = None, timeout_ms: int | None = None,
-         keep_host_copy: bool | None = None) -> None:
+         keep_host_copy: bool | None = None, etcd: str | None = None) -> None:
     """Chooses the node(s): `server` is "host:port", "h1:p1,h2:p2" or a list; default
     `GENIE_SERVER`; with neither, an embedded genie-node on loopback. Connects lazily.
+
+    `etcd` (default `GENIE_ETCD`): an etcd client URL, "http://127.0.0.1:2379"; the nodes are
+    those registered there now (`genie-node --etcd`, key prefix `GENIE_ETCD_PREFIX`), sorted by
+    address (genie.scheduler.membership): a node that joins or leaves later changes only later
+    sessions. Not together with `server` (ValueError).
 
     `keep_host_copy` (default `GENIE_KEEP_HOST_COPY`, off): keep the host tensors sent to the
     nodes (the weights) and the lineage of what each node holds (`genie.lineage`), so that when
@@ -50,8 +55,8 @@ def init(server=None, auth_token: str | None = None, timeout_ms: int | None = No
     GenieConnectionError naming it.
 
     Raises ValueError for a malformed address, GenieConnectionError if the embedded node
-    cannot start."""
-    _session.init(server, auth_token, timeout_ms, keep_host_copy)
+    cannot start, or naming the etcd URL when etcd cannot be reached or lists no node."""
+    _session.init(server, auth_token, timeout_ms, keep_host_copy, etcd)
 
 
 def shutdown() -> None:

@@ -73,6 +73,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GENIE_SERVER", "string", None,
             "nodes as HOST:PORT[,HOST:PORT...]; remote_accelerator:i is the i-th. Unset or empty: an embedded "
             "genie-node on loopback. Also genie.init(server=...)"),
+    Setting("GENIE_ETCD", "string", None,
+            "etcd client URL (http://HOST:PORT): the nodes are those registered there (genie-node --etcd) when the "
+            "program starts its session, sorted by address; GenieConnectionError naming the URL when etcd cannot be "
+            "reached or lists none. Not with GENIE_SERVER. Also genie.init(etcd=...)"),
+    Setting("GENIE_ETCD_PREFIX", "string", "/genie/nodes/",
+            "the etcd key prefix under which nodes register (genie-node --etcd-prefix)"),
     Setting("GENIE_AUTH_TOKEN", "string", "",
             "token presented to named nodes (the embedded node gets a random one); also genie.init(auth_token=...)"),
     Setting("GENIE_TIMEOUT_MS", "duration ms", "60000",

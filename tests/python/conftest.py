@@ -35,11 +35,13 @@ os.environ.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)  # the nodes'
 
 class NodeProcess:
     """A genie-node on loopback that a test can kill and start again on the same port:
-    `port` 0 lets the OS choose one (then kept for restarts); `token_file`: --auth-token-file."""
+    `port` 0 lets the OS choose one (then kept for restarts); `token_file`: --auth-token-file;
+    `extra_args`: more flags, given at every start."""
 
-    def __init__(self, port: int = 0, token_file: str | None = None) -> None:
+    def __init__(self, port: int = 0, token_file: str | None = None, extra_args: list[str] | None = None) -> None:
         self.port = port
         self.token_file = token_file
+        self.extra_args = list(extra_args or [])
         self.process = None
         self.start()
 
@@ -52,6 +54,7 @@ class NodeProcess:
         command = [str(BIN / "genie-node"), "--listen", self.address, "--log-level", "error"]
         if self.token_file is not None:
             command += ["--auth-token-file", self.token_file]
+        command += self.extra_args
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         match = re.match(r"genie-node listening on 127\.0\.0\.1:(\d+)", line)

@@ -18,11 +18,16 @@
    graph registered on the node; later calls record one `genie::call_graph` op, which the node
    runs by an AOT Inductor package it builds, or by its executor until then (docs/compile.md).
 
-`stats()` reports the graphs, recompiles, graph breaks and which engine ran each part.
+`stats()` reports the graphs, recompiles, graph breaks and which engine ran each part. Per
+Dynamo graph the backend keeps, at compile time, a `records.CompiledFunction`: its code
+object, the graph break that ended it, its aten graphs with genie.semantics' patterns and
+phase, their parts and why an op runs eagerly; `mark()` and `ran_since()` give genie.explain
+the ones that ran in a window.
 """
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -35,9 +40,10 @@ from torch.utils._pytree import tree_map
 
 from .. import _C
 from ..device import note_call_graph_outputs
-from . import fake
+from . import fake, records
 from .options import CompileOptions, parse_options
 from .partition import is_part, partition, retarget_devices
+from .records import CompiledFunction, CompiledGraph, Mark, Part, describe_dynamo_graph
 
 _DEVICE = "remote_accelerator"
 
@@ -45,34 +51,11 @@ _DEVICE = "remote_accelerator"
 # ---- what ran -------------------------------------------------------------------------------
 
 @dataclass
-class Part:
-    """One part of a compiled aten graph: `engine` "executor" (a node part, the executor
-    fallback) or "eager" (one op Genie's eager path runs: a host read, a Python custom op);
-    `ops` its FX nodes; `calls` how many times it ran."""
-
-    name: str
-    engine: str
-    ops: list[str]
-    calls: int = 0
-    why: str | None = None  # a node part that runs "recorded": why it could not be captured
-
-
-@dataclass
-class CompiledGraph:
-    """One aten graph the backend compiled: `kind` "forward", "backward" or "inference";
-    `compile_id` Dynamo's ("0/1": frame 0, its second compile)."""
-
-    compile_id: str
-    kind: str
-    device: str
-    parts: list[Part] = field(default_factory=list)
-
-
-@dataclass
 class _Books:
     dynamo_graphs: int = 0  # backend calls: Dynamo graphs
     recompiles: int = 0     # of them, compiles of a frame compiled before (guards failed)
     graphs: list[CompiledGraph] = field(default_factory=list)
+    functions: list[CompiledFunction] = field(default_factory=list)  # one per Dynamo graph
     graph_breaks_at_start: int = 0
 
 
@@ -87,8 +70,9 @@ def stats() -> dict:
     """What the backend did in this process: `dynamo_graphs` (graphs Dynamo handed to it),
     `recompiles` (of them, recompiles of a frame), `graph_breaks` (Dynamo's graph breaks since
     the first genie compile, all backends), `aten_graphs` (forward/backward/inference graphs
-    compiled), `parts` and `calls` by engine ("executor", "eager"), and `graphs`: per aten graph,
-    its compile id, kind, device and parts (name, engine, ops, calls)."""
+    compiled), `parts` and `calls` by engine ("node", "recorded", "eager"), and `graphs`: per
+    aten graph, its compile id, kind, device and parts (name, engine, ops, calls, and `why`:
+    why it is not a captured node part, the partitioner's reason for an eager op)."""
     parts: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
     calls: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
     for graph in _books.graphs:
@@ -109,9 +93,27 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Forgets what `stats()` counted (not the compiled graphs: torch._dynamo.reset() does that)."""
+    """Forgets what `stats()` counted and the compiled functions `ran_since` reports (not the
+    compiled graphs: torch._dynamo.reset() does that)."""
     global _books
     _books = _Books()
+
+
+def mark() -> Mark:
+    """The backend's books now, for `ran_since` (genie.explain takes one before it runs a
+    program). O(parts compiled in this process)."""
+    return records.mark(_books.functions)
+
+
+def ran_since(since: Mark) -> list[dict]:
+    """The compiled functions (Dynamo graphs) compiled or called since `since`, with their
+    parts' counts over that window (genie.compile.records.ran_since describes the fields)."""
+    return records.ran_since(_books.functions, since)
+
+
+def graph_breaks_since(since: Mark) -> dict[str, int]:
+    """Dynamo's graph breaks counted since `since` (all backends), by reason."""
+    return records.graph_breaks_since(since)
 
 
 # ---- runners --------------------------------------------------------------------------------
@@ -175,7 +177,9 @@ class ExecutorPart(torch.nn.Module):
             out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs,
                                              [args[i] for i in capture.written])
             return (tuple(out) if self.tuple_output else out[0]) if self.returns else None
+        self.part.slow_calls += 1  # off the hot path: a new geometry, or a part that runs recorded
         capturing = key is not None and len(self.captures) < self.MAX_CAPTURES
+        started = time.perf_counter() if capturing else 0.0
         # What the part reads: the arguments' values before its write-backs rebind them.
         read = [_C.lazy_value(a) if isinstance(a, torch.Tensor) else None for a in args] if capturing else None
         since = _C.next_seq()
@@ -188,6 +192,8 @@ class ExecutorPart(torch.nn.Module):
             else:
                 self.captures[key] = captured
                 self.part.engine = "node"
+                self.part.captures += 1
+            self.part.capture_s += time.perf_counter() - started
         return out
 
     def _key(self, args) -> tuple | None:
@@ -248,12 +254,17 @@ class EagerOp:
         return self.target(*args, **kwargs)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: torch.device, mode: str = "default"):
-    """AOTAutograd's compiler for one aten graph: partitions it and installs the runners.
-    Returns the callable AOTAutograd calls with the graph's inputs."""
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: torch.device, mode: str = "default",
+                  function: CompiledFunction | None = None):
+    """AOTAutograd's compiler for one aten graph: analyses it (genie.semantics), partitions it
+    and installs the runners; the graph joins `function`'s books. Returns the callable
+    AOTAutograd calls with the graph's inputs."""
     compile_id = torch._guards.CompileContext.current_compile_id()
     graph = CompiledGraph(str(compile_id) if compile_id is not None else "?", kind, str(device))
-    split = partition(gm)
+    _analyse(graph, gm, function.input_kinds if function is not None and kind != "backward" else None)
+    started = time.perf_counter()
+    why: dict[str, str] = {}
+    split = partition(gm, why)
     for name, module in list(split.named_children()):
         if is_part(name):
             part = Part(name, "recorded", [str(n.target) for n in module.graph.nodes if n.op == "call_function"])
@@ -261,12 +272,36 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, device: t
             graph.parts.append(part)
     for node in split.graph.nodes:
         if node.op == "call_function" and not _is_plumbing(node.target):
-            part = Part(f"eager_{len(graph.parts)}", "eager", [str(node.target)])
+            part = Part(f"eager_{len(graph.parts)}", "eager", [str(node.target)],
+                        why=why.get(node.name, "left outside the node parts by the partitioner"))
             node.target = EagerOp(node.target, part)
             graph.parts.append(part)
     split.recompile()
+    graph.compile_s = time.perf_counter() - started
     _books.graphs.append(graph)
+    if function is not None:
+        function.graphs.append(graph)
     return make_boxed_func(split.forward)  # AOTAutograd's calling convention: one list, freed as it goes
+
+
+def _analyse(graph: CompiledGraph, gm: torch.fx.GraphModule, input_kinds: list[str] | None) -> None:
+    """genie.semantics' analysis of aten graph `gm` (its patterns and phase) into `graph`; the
+    analysis is cached by structure and shapes (a recompile of the same graph is a hit). Its
+    failure is recorded (`analysis_error`), never raised: the compile goes on without it.
+    `input_kinds`: per placeholder, from the Dynamo graph (AOTAutograd keeps their order in a
+    forward or inference graph); used only when the counts agree."""
+    from ..semantics import analyze, from_fx  # not at import: `import genie.compile` stays light
+    started = time.perf_counter()
+    try:
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        kinds = input_kinds if input_kinds is not None and len(input_kinds) == placeholders else None
+        annotated = analyze(from_fx(gm, input_kinds=kinds, backward=graph.kind == "backward"))
+        graph.phase = annotated.phase
+        for m in annotated.matches:
+            graph.patterns[m.pattern] = graph.patterns.get(m.pattern, 0) + 1
+    except Exception as e:  # an aten graph the analysis does not understand: reported, not fatal
+        graph.analysis_error = f"{type(e).__name__}: {e}"
+    graph.analysis_s = time.perf_counter() - started
 
 
 def _is_plumbing(target) -> bool:
@@ -282,15 +317,31 @@ def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, o
     when `options["node"]` differs from the device of remote inputs."""
     opts = parse_options(mode, options)
     fake.install()  # installed by `import genie.compile`; again for a backend() called directly
+    started = time.perf_counter()
     _note_dynamo_graph()
     remote = _remote_device(example_inputs)
     if remote is not None:
         if opts.node is not None and opts.node != remote.index:
             raise ValueError(f"torch.compile(backend='genie'): options['node']={opts.node} but the inputs are on "
                              f"{remote}")
-        return _aot(gm, example_inputs, remote, opts.mode)
-    target = torch.device(_DEVICE, opts.node if opts.node is not None else _C.current_device())
-    return _HostInputs(_compile_for_host_inputs(gm, example_inputs, target, opts.mode), target)
+        function = _new_function(gm, remote, host_inputs=False)
+        compiled = _aot(gm, example_inputs, remote, opts.mode, function)
+    else:
+        target = torch.device(_DEVICE, opts.node if opts.node is not None else _C.current_device())
+        function = _new_function(gm, target, host_inputs=True)
+        compiled = _HostInputs(_compile_for_host_inputs(gm, example_inputs, target, opts.mode, function), target)
+    function.backend_s = time.perf_counter() - started
+    return compiled
+
+
+def _new_function(gm: torch.fx.GraphModule, device: torch.device, host_inputs: bool) -> CompiledFunction:
+    """The books' record of Dynamo graph `gm` (records.describe_dynamo_graph), kept in order."""
+    facts = describe_dynamo_graph(gm)
+    function = CompiledFunction(len(_books.functions), facts["name"], facts["location"], facts["compile_id"],
+                                str(device), host_inputs, facts["graph_break"], facts["break_at"],
+                                input_kinds=facts["input_kinds"])
+    _books.functions.append(function)
+    return function
 
 
 def _note_dynamo_graph() -> None:
@@ -309,15 +360,16 @@ def _remote_device(example_inputs) -> torch.device | None:
     return None
 
 
-def _aot(gm, example_inputs, device: torch.device, mode: str):
-    compiler = functools.partial(compile_graph, device=device, mode=mode)
+def _aot(gm, example_inputs, device: torch.device, mode: str, function: CompiledFunction | None = None):
+    compiler = functools.partial(compile_graph, device=device, mode=mode, function=function)
     return aot_autograd(fw_compiler=functools.partial(compiler, kind="forward"),
                         bw_compiler=functools.partial(compiler, kind="backward"),
                         inference_compiler=functools.partial(compiler, kind="inference"),
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 
-def _compile_for_host_inputs(gm, example_inputs, target: torch.device, mode: str):
+def _compile_for_host_inputs(gm, example_inputs, target: torch.device, mode: str,
+                             function: CompiledFunction | None = None):
     """A graph traced on CPU inputs, compiled for `target`: its CPU factory calls name `target`,
     and AOTAutograd traces it on FakeTensors of the inputs moved to `target`."""
     retarget_devices(gm, target)
@@ -332,7 +384,7 @@ def _compile_for_host_inputs(gm, example_inputs, target: torch.device, mode: str
             y = x.detach().to(target)
         return y.requires_grad_(x.requires_grad)
 
-    return _aot(gm, [moved(x) for x in example_inputs], target, mode)
+    return _aot(gm, [moved(x) for x in example_inputs], target, mode, function)
 
 
 class _HostInputs:

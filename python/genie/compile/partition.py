@@ -11,8 +11,9 @@
   forward graph's `t(weight)` saved for the backward stays outside, recorded as eager records
   it), so that a part's outputs own their memory: the node may run it as a compiled package.
   Everything else (Python custom ops, `prims`, host reads, ops on CPU tensors) is a host part.
-- `partition(gm)`: `CapabilityBasedPartitioner` (torch.fx.passes.infra.partitioner) groups
-  the supported nodes into submodules `fused_<i>`; unsupported nodes stay in the outer graph.
+- `partition(gm, why)`: `CapabilityBasedPartitioner` (torch.fx.passes.infra.partitioner) groups
+  the supported nodes into submodules `fused_<i>`; unsupported nodes stay in the outer graph,
+  each with its reason in `why` (`NodeSupport.why_not`: what genie.explain shows).
   A write-back stays outside when its part would run before a node outside it that reads the
   input (that node reads the value before the write, in program order).
 - `retarget_devices(gm, device)`: factory calls that name the CPU (`torch.arange(n,
@@ -65,45 +66,67 @@ class NodeSupport(OperatorSupportBase):
         self.kept_out = kept_out
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        return self.why_not(node) is None
+
+    def why_not(self, node: torch.fx.Node) -> str | None:
+        """None when the node's executor can run `node` in a part; else why not, in words."""
         if node.op != "call_function":
-            return False
+            return f"an FX {node.op} node, not a call"
         if node.target is operator.getitem:
-            return _on_device(node.meta.get("val"))
+            return None if _on_device(node.meta.get("val")) else "an item of a result not on remote_accelerator"
         target = node.target
         if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
-            return False
+            return (f"{target} is not an aten operator (a Python custom op or prims: the node's executor "
+                    "finds aten ops by name)")
         info = ops.op_info(target)
         if info.route not in _NODE_ROUTES:
-            return False
+            return (f"genie.ops routes {target} as '{info.route}' (a host transfer, a Python-only or a "
+                    "scalar-returning op), not recorded as it is")
         if _is_write_back(node):
             if node.name in self.kept_out:
-                return False
+                return "a write-back whose part would run before an op outside it that reads the input"
         elif any(i < len(node.args) and isinstance(node.args[i], torch.fx.Node) and node.args[i].op == "placeholder"
                  for i in info.writes):
-            return False  # an in-place op on an input other than a write-back: kept outside parts
+            return "writes a graph input in place and is no write-back"  # kept outside parts
         if (info.returns and any(u.op == "output" for u in node.users)
                 and all(kind == "view" and i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
                         and node.args[i].op == "placeholder" for kind, i in info.returns)):
-            return False  # a view of an input the graph returns (t(weight) saved for the backward): outside
+            return "a view of an input that the graph returns (t(weight) saved for the backward)"
 
         if not _on_device(node.meta.get("val")):
-            return False
+            return "its results are not all tensors on remote_accelerator (a host scalar or a CPU tensor)"
         for arg in node.all_input_nodes:
             if not all(v is None or not isinstance(v, torch.Tensor) or v.device.type == _DEVICE
                        for v in _values(arg.meta.get("val"))):
-                return False
-        return True
+                return f"reads {arg.name}, which is not on remote_accelerator"
+        return None
 
 
-def partition(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """`gm` with its supported nodes fused into submodules `fused_<i>` (in place; returned)."""
+def partition(gm: torch.fx.GraphModule, why: dict[str, str] | None = None) -> torch.fx.GraphModule:
+    """`gm` with its supported nodes fused into submodules `fused_<i>` (in place; returned).
+    `why`, when given, receives for each call node that is not supported its name -> the
+    reason (`NodeSupport.why_not`), found before fusing, while the nodes' metadata is whole."""
     has_write_backs = any(_is_write_back(n) for n in gm.graph.nodes)
     original = copy.deepcopy(gm) if has_write_backs else None
-    split = _fuse(gm, NodeSupport())
+    support = NodeSupport()
+    _reasons(gm, support, why)
+    split = _fuse(gm, support)
     misplaced = _misplaced_write_backs(split) if has_write_backs else frozenset()
     if not misplaced:
         return split
-    return _fuse(original, NodeSupport(kept_out=misplaced))
+    support = NodeSupport(kept_out=misplaced)
+    _reasons(original, support, why)
+    return _fuse(original, support)
+
+
+def _reasons(gm: torch.fx.GraphModule, support: NodeSupport, why: dict[str, str] | None) -> None:
+    if why is None:
+        return
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            reason = support.why_not(node)
+            if reason is not None:
+                why[node.name] = reason
 
 
 def _fuse(gm: torch.fx.GraphModule, support: NodeSupport) -> torch.fx.GraphModule:

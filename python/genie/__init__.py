@@ -36,7 +36,22 @@ def explain(fn, *args, **kwargs):
     return _explain(fn, *args, **kwargs)
 
 
+def place(model, *example_args, **kwargs):
+    """Places a host `model` over the connected nodes from one example call, as the scheduler
+    decides for `goal=` ("latency" or "throughput"), and moves it there block by block; returns
+    the Placement (genie.placed.place; docs/scheduler.md "Running a placement")."""
+    from .placed import place as _place  # not at import: it loads the analysis and the scheduler
+    return _place(model, *example_args, **kwargs)
+
+
+def disaggregate(model, example_ids, **kwargs):
+    """Serves a transformers causal LM with prefill on one node and decode on another, the KV
+    cache moved node to node once (genie.placed.disaggregate; docs/scheduler.md)."""
+    from .placed import disaggregate as _disaggregate
+    return _disaggregate(model, example_ids, **kwargs)
+
+
 __all__ = [
     "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "LazyTensor", "capture",
-    "client_stats", "compile_stats", "device_count", "explain", "get_device", "get_graph", "init", "memory_stats", "shutdown", "synchronize",
+    "client_stats", "compile_stats", "device_count", "disaggregate", "explain", "get_device", "get_graph", "init", "memory_stats", "place", "shutdown", "synchronize",
 ]

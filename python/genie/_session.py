@@ -7,7 +7,7 @@ file) when a device is first used, and stops it at exit; if it dies, the next us
 another. Connections are made on first use of a device.
 
 `init(etcd=URL)` or `GENIE_ETCD` makes the nodes those registered in etcd at that moment
-(genie.scheduler.membership), sorted by address.
+(genie.membership), sorted by address.
 
 Environment: `GENIE_SERVER` (nodes), `GENIE_ETCD` and `GENIE_ETCD_PREFIX` (nodes registered in
 etcd), `GENIE_AUTH_TOKEN` (token for named nodes),
@@ -201,7 +201,7 @@ def _servers_from_etcd(server, etcd: str | None):
             raise ValueError("genie: GENIE_SERVER and GENIE_ETCD are both set; set one")
     if not etcd:
         return server
-    from .scheduler.membership import addresses_from_etcd  # imported only when etcd is used
+    from .membership import addresses_from_etcd  # imported only when etcd is used
     return addresses_from_etcd(etcd, config.get("GENIE_ETCD_PREFIX"))
 
 

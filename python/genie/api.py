@@ -43,7 +43,7 @@ def init(server=None, auth_token: str | None = None, timeout_ms: int | None = No
 
     `etcd` (default `GENIE_ETCD`): an etcd client URL, "http://127.0.0.1:2379"; the nodes are
     those registered there now (`genie-node --etcd`, key prefix `GENIE_ETCD_PREFIX`), sorted by
-    address (genie.scheduler.membership): a node that joins or leaves later changes only later
+    address (genie.membership): a node that joins or leaves later changes only later
     sessions. Not together with `server` (ValueError).
 
     `keep_host_copy` (default `GENIE_KEEP_HOST_COPY`, off): keep the host tensors sent to the

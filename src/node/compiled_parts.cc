@@ -307,7 +307,8 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
                   "written its inputs (", e.what(), "); the part runs by the executor from the next call");
     }
   }
-  auto values = executor_.run(*compiled, inputs, {});
+  std::vector<uint64_t> needed(output_ids.begin(), output_ids.end());
+  auto values = executor_.run(*compiled, inputs, {}, nullptr, std::span<const uint64_t>(needed));
   if (!values) TORCH_CHECK(false, "genie::call_graph: graph ", graph, ": ", values.status().message());
   std::vector<at::Tensor> out;
   out.reserve(output_ids.size());

@@ -444,6 +444,29 @@ Result<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph
     compiled->nodes_.push_back(std::move(node));
   }
   compiled->num_values_ = next_value;
+  // Last reader of each value (-1: none); a value nobody reads is dead once it is made.
+  std::vector<int64_t> last(next_value, -1);
+  for (size_t index = 0; index < compiled->nodes_.size(); ++index) {
+    for (const BoundArgument& arg : compiled->nodes_[index].arguments) {
+      if (arg.kind == BoundArgument::Kind::kTensor || arg.kind == BoundArgument::Kind::kHostTensor) {
+        last[arg.value] = static_cast<int64_t>(index);
+      } else if (arg.kind == BoundArgument::Kind::kTensorList || arg.kind == BoundArgument::Kind::kOptionalTensorList) {
+        for (int64_t id : arg.ids) {
+          if (id >= 0) last[static_cast<size_t>(id)] = static_cast<int64_t>(index);
+        }
+      }
+    }
+  }
+  compiled->dead_after_.resize(compiled->nodes_.size());
+  for (size_t index = 0; index < compiled->nodes_.size(); ++index) {
+    const CompiledGraph::Node& node = compiled->nodes_[index];
+    for (uint32_t k = 0; k < node.num_outputs; ++k) {
+      if (last[node.first_output_value + k] < 0) last[node.first_output_value + k] = static_cast<int64_t>(index);
+    }
+  }
+  for (size_t v = 0; v < last.size(); ++v) {
+    if (last[v] >= 0) compiled->dead_after_[static_cast<size_t>(last[v])].push_back(static_cast<uint32_t>(v));
+  }
   return std::shared_ptr<const CompiledGraph>(std::move(compiled));
 }
 
@@ -472,7 +495,8 @@ int64_t slotInt(const ScalarSlotValue& value) {
 
 Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
                                               std::span<const ScalarSlotValue> scalars,
-                                              const std::optional<std::string>* out_of_memory) const {
+                                              const std::optional<std::string>* out_of_memory,
+                                              std::optional<std::span<const uint64_t>> needed) const {
   if (inputs.size() != graph.numInputs()) {
     return wire::requestError(wire::ErrorCode::SchemaMismatch,
                               fmt::format("the graph takes {} tensor inputs, {} given", graph.numInputs(), inputs.size()));
@@ -486,6 +510,19 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
   c10::InferenceMode no_autograd;
   std::vector<at::Tensor> values(graph.numValues());
   std::copy(inputs.begin(), inputs.end(), values.begin());
+  std::vector<bool> keep;  // empty: keep every value
+  if (needed) {
+    keep.assign(values.size(), false);
+    for (uint64_t v : *needed) {
+      if (v < keep.size()) keep[v] = true;
+    }
+  }
+  auto drop_dead = [&](size_t index) {
+    if (keep.empty()) return;
+    for (uint32_t v : graph.deadAfter(index)) {
+      if (!keep[v]) values[v].reset();
+    }
+  };
   torch::jit::Stack stack;
   std::vector<at::Tensor> outputs;
   const auto& nodes = graph.nodes();
@@ -550,6 +587,7 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
     }
     if (stack.size() == 1 && stack[0].isTensor() && node.num_outputs == 1) {  // the common case
       values[node.first_output_value] = std::move(stack[0]).toTensor();
+      drop_dead(index);
       continue;
     }
     outputs.clear();
@@ -559,6 +597,7 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
                                                               outputs.size(), node.num_outputs));
     }
     for (size_t k = 0; k < outputs.size(); ++k) values[node.first_output_value + k] = std::move(outputs[k]);
+    drop_dead(index);
   }
   return values;
 }

@@ -397,7 +397,9 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
   {
     // The run's allocations count against the session's quota and the node's limit.
     RunMemoryScope run_memory(node.memory, memory);
-    result = node.executor.run(*graph, inputs, scalars, &run_memory.over());
+    std::vector<uint64_t> needed;  // the values this run returns or keeps: the rest die at their last use
+    for (uint32_t i = 0; run.outputs() && i < run.outputs()->size(); ++i) needed.push_back(run.outputs()->Get(i)->value());
+    result = node.executor.run(*graph, inputs, scalars, &run_memory.over(), std::span<const uint64_t>(needed));
   }
   if (!result) return node.replyError(*endpoint_, id, result.status());
   node.ops_executed += graph->nodes().size();

@@ -1,6 +1,7 @@
 // The executor against libtorch eager, in-process: the same ops called directly must give
 // the same tensors (exactly, on CPU, for the same kernels; attention within a tolerance).
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "genie/node/executor.h"
@@ -157,6 +158,33 @@ TEST_F(ExecutorTest, InPlaceOpUpdatesTheResidentTensor) {
   EXPECT_TRUE(at::equal(resident, expected));  // the input itself changed
   EXPECT_TRUE(values[added].is_same(resident));
   EXPECT_TRUE(values[filled].is_alias_of(resident));
+}
+
+TEST_F(ExecutorTest, ValuesNoOneNeedsAreDroppedAfterTheirLastUse) {
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {64, 64});
+  uint32_t a = g.op("aten::mul", "Scalar", {T(x), D(2.0)});
+  uint32_t b = g.op("aten::add", "Scalar", {T(a), D(1.0), Named("alpha", I(1))});
+  uint32_t unused = g.op("aten::neg", "", {T(a)});
+  uint32_t c = g.op("aten::relu", "", {T(b)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor input = at::randn({64, 64});
+  // a's last reader is the neg (node 2); b's the relu (node 3); the neg's result is read by none.
+  std::vector<uint32_t> dead = compiled.graph->deadAfter(2);
+  std::sort(dead.begin(), dead.end());
+  EXPECT_EQ(dead, (std::vector<uint32_t>{a, unused}));
+  std::vector<uint64_t> needed{c};
+  auto values = executor.run(*compiled.graph, std::vector<at::Tensor>{input}, {}, nullptr,
+                             std::span<const uint64_t>(needed));
+  ASSERT_TRUE(values.isOk()) << values.status().toString();
+  EXPECT_TRUE(at::equal((*values)[c], (input * 2 + 1).relu()));
+  EXPECT_FALSE((*values)[a].defined());
+  EXPECT_FALSE((*values)[b].defined());
+  EXPECT_FALSE((*values)[unused].defined());
+  auto all = runOrFail(executor, *compiled.graph, {input});  // without `needed`: every value
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_TRUE(all[a].defined() && all[b].defined() && all[unused].defined());
 }
 
 TEST_F(ExecutorTest, ScalarSlotsChangeBetweenRuns) {

@@ -33,6 +33,10 @@ os.environ.setdefault("GENIE_NODE_COMPILE_CACHE", str(ROOT / "build" / "test-com
 os.environ.setdefault("GENIE_NODE_COMPILE_PYTHON", sys.executable)  # the nodes' compile worker: this venv
 
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "limit(bytes): the --memory-limit of the nodes a test's cluster fixture starts")
+
 class NodeProcess:
     """A genie-node on loopback that a test can kill and start again on the same port:
     `port` 0 lets the OS choose one (then kept for restarts); `token_file`: --auth-token-file;

@@ -17,7 +17,7 @@ import torch
 import genie
 from conftest import BIN, NodeProcess
 from genie.errors import GenieConnectionError
-from genie.scheduler.membership import DEFAULT_PREFIX, nodes_from_etcd
+from genie.membership import DEFAULT_PREFIX, nodes_from_etcd
 
 TTL_S = 2
 

@@ -56,9 +56,13 @@ class CompiledGraph {
   uint32_t numScalarInputs() const { return num_scalar_inputs_; }
   uint64_t numValues() const { return num_values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
+  /// The values (ids) that no later op reads once node `index` has run: its arguments read for
+  /// the last time and its outputs no op reads.
+  const std::vector<uint32_t>& deadAfter(size_t index) const { return dead_after_[index]; }
 
  private:
   friend class Executor;
+  std::vector<std::vector<uint32_t>> dead_after_;
   uint32_t num_inputs_ = 0;
   std::vector<wire::Handle> input_handles_;
   uint32_t num_scalar_inputs_ = 0;
@@ -80,7 +84,10 @@ class Executor {
 
   /// Runs a compiled graph. `inputs` are the graph's tensor inputs in order; `scalars` fill the
   /// scalar slots. Returns every value of the graph (inputs first, then each node's outputs);
-  /// callers keep what they need. `out_of_memory`, when given, is looked at after each op: once
+  /// callers keep what they need. With `needed` (value ids the caller reads afterwards), every
+  /// other value is dropped after its last use (CompiledGraph::deadAfter), so a run's transient
+  /// memory is that of the values live at once, not of all of them; those come back undefined.
+  /// `out_of_memory`, when given, is looked at after each op: once
   /// it holds a message (a memory limit was crossed) the run stops with OutOfMemory naming that
   /// op. Errors (a Status with its RemoteDetail): SchemaMismatch (wrong number of inputs or
   /// scalars), TorchError (the op raised: shape mismatch, dtype, ...; the detail keeps torch's
@@ -88,7 +95,8 @@ class Executor {
   /// the limit's), each naming the op.
   Result<std::vector<at::Tensor>> run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
                                       std::span<const ScalarSlotValue> scalars,
-                                      const std::optional<std::string>* out_of_memory = nullptr) const;
+                                      const std::optional<std::string>* out_of_memory = nullptr,
+                                      std::optional<std::span<const uint64_t>> needed = std::nullopt) const;
 
   /// c10::ScalarType of a wire dtype, or nullopt for Undefined / unknown values.
   static std::optional<c10::ScalarType> scalarType(wire::DType dtype);

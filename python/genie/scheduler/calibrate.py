@@ -37,7 +37,8 @@ def calibrate_node(device="cpu", *, sync: Callable | None = None, matmul_n: int 
     """(flops_per_s (FLOP/s), bytes_per_s (B/s)) of `device` (a torch.device or its string).
 
     FLOP/s: 2 * matmul_n**3 FLOP per float32 matmul, from the best of `repeats` timings of
-    chains of 1 and of `chain` dependent matmuls. B/s: 2 * copy_bytes per copy of a float32
+    chains of 1 and of `chain` dependent matmuls (written alternately into two buffers: the
+    device holds four matmul_n^2 tensors whatever the chain). B/s: 2 * copy_bytes per copy of a float32
     buffer of `copy_bytes`, likewise. Raises ValueError for chain < 2 or repeats < 1, and
     RuntimeError when a longer chain never takes longer (a `sync` that does not wait).
     """
@@ -50,10 +51,12 @@ def calibrate_node(device="cpu", *, sync: Callable | None = None, matmul_n: int 
     a = torch.randn(matmul_n, matmul_n, device=device)
     b = torch.randn(matmul_n, matmul_n, device=device) / matmul_n ** 0.5  # keeps the chain's values bounded
 
+    outs = (torch.empty_like(a), torch.empty_like(a))  # a chain alternates two results: memory stays 4 n^2
+
     def matmuls(k):
         c = a
-        for _ in range(k):
-            c = torch.mm(c, b)
+        for i in range(k):
+            c = torch.mm(c, b, out=outs[i % 2])
         sync(c)
 
     src = torch.empty(copy_bytes // 4, device=device).fill_(1.0)

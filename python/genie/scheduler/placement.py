@@ -677,8 +677,8 @@ def schedule_disaggregated(prefill: GroupGraph, decode: GroupGraph, cluster: Clu
     cache from p to d, with p != d whenever two distinct nodes can hold the phases (the
     interference between the phases, the reason to disaggregate, is not in a one-request
     cost model); the same node only when no such pair exists. Each phase holds its own
-    copy of the weights; the caches (state names both graphs use) move once, directly
-    from p to d, after the prefill.
+    copy of the weights; the caches (state names the decode reads that the prefill wrote or
+    created) move once, directly from p to d, after the prefill.
 
     Raises ValueError for decode_steps < 1, PlacementError when a phase fits on no node.
     """
@@ -712,10 +712,14 @@ def _single_node_times(graph: GroupGraph, cluster: Cluster) -> tuple[np.ndarray,
 
 
 def _shared_state(prefill: GroupGraph, decode: GroupGraph) -> dict[str, int]:
-    """{cache name: bytes} for each state name both graphs use, in the decode's order."""
+    """{cache name: bytes} for each state name the decode reads that the prefill made: a name
+    the prefill writes too (a cache given to both), or one it never takes (a cache the prefill
+    creates, as `transformers.DynamicCache` does, is no input of it: the decode's name and size
+    are the prefill's output's); in the decode's order, sized as the decode reads them."""
+    prefill_names = {x for g in prefill.groups for x in group_names(g)}
     written = {x for g in prefill.groups for x in g.state}
-    sizes = name_sizes(prefill)
-    read = dict.fromkeys(x for g in decode.groups for x in g.state if x in written)
+    sizes = {**name_sizes(decode), **name_sizes(prefill)}
+    read = dict.fromkeys(x for g in decode.groups for x in g.state if x in written or x not in prefill_names)
     return {x: sizes.get(x, 0) for x in read}
 
 

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 import warnings
 
-from ..errors import GenieConnectionError
+from .errors import GenieConnectionError
 
 DEFAULT_URL = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/genie/nodes/"

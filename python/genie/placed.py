@@ -1,0 +1,347 @@
+"""One model over several nodes, placed by the scheduler: `genie.place` and `genie.disaggregate`.
+
+    placed = genie.place(model, input_ids)             # a CPU model and an example input
+    print(placed)                                      # which block runs where, and why
+    logits = model(input_ids.to(placed.home)).logits   # runs over the nodes it was placed on
+
+    served = genie.disaggregate(model, input_ids)      # prefill on one node, decode on another
+    tokens = model.generate(input_ids.to(served.home), max_new_tokens=32)
+
+`place(model, *example)`: `genie.semantics.capture` traces one call of the CPU model on fake
+tensors (nothing runs), the analysis groups its ops (patterns, costs, the weights each group
+reads), `genie.scheduler.schedule` places the groups on the cluster (default: every
+`remote_accelerator` this process is configured with, measured by `connected_cluster`) for the
+goal, and the model is moved to match, one *block* at a time:
+
+- blocks: each element of a `ModuleList`, `ModuleDict` or `Sequential` (a transformer layer, a
+  ResNet bottleneck), and each other module holding parameters or buffers of its own that is
+  in no block. A block is never split: the glue between its submodules (residual adds) stays
+  on one node. It goes to the node where the schedule put most of its weight bytes; a block
+  without weights runs where its inputs are.
+- a forward pre-hook on each placed block moves the tensors it is given (positional and
+  keyword arguments, through tuples, lists and dicts) to its node: node to node when they are
+  on another node (`transfers._node_to_node`: the bytes never pass through this process), an
+  upload when they are on the host. Weights never move between nodes once placed (a tied weight
+  is on one node with every block that reads it: the scheduler co-locates what shares a
+  weight); activations and caches made by a block stay on its node (a KV cache with its
+  attention).
+- a forward hook on the model moves its tensor outputs to `home` (the node of the first
+  block, or the device of the first remote tensor argument of a call), so that a caller such
+  as `generate()` sees one device.
+
+The schedule actually run (block granularity) is evaluated by the same cost model and kept as
+`Placement.realized`; `Placement.schedule` is the scheduler's own. The placement is for the
+shapes and memory at the time of the call: a node that joins later changes later placements
+only.
+
+`disaggregate(model, example_ids)`: the policy of `genie.scheduler.schedule_disaggregated`
+(prefill where it computes fastest, decode where a step is fastest, on two nodes when two can
+hold a phase): the model's weights on the decode node, a copy on the prefill node; the model's
+forward runs a call without a filled cache (the prefill) on the prefill node, then moves every
+layer's keys and values (`transformers.DynamicCache`) and the outputs node to node to the
+decode node, once; later calls (decode steps) run on the decode node.
+
+Errors: ValueError for a model with parameters off the host, or an unknown goal;
+`genie.scheduler.PlacementError` when the model fits on no placement (naming the group, the
+bytes it needs and the largest free memory) or a block split would put a tied weight on two
+nodes; capture's errors for a model it cannot trace; GenieConnectionError for an unreachable
+node.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from .scheduler import Cluster, PlacementError, connected_cluster, schedule, schedule_disaggregated
+from .scheduler.schedule import evaluate
+from .semantics import analyze, capture
+
+_DEVICE = "remote_accelerator"
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+
+
+@dataclass
+class Placement:
+    """A model placed over nodes by `place` (see the module docstring).
+
+    `blocks`: {module path: device} for every placed block ("" is the model itself when it is
+    one block). `schedule`: the scheduler's ExecutionSchedule of the captured call's groups;
+    `realized`: the same groups placed as the blocks run them, with its estimate (s).
+    `cluster`: the Cluster it was placed on. `home`: where the model's outputs are returned."""
+
+    model: torch.nn.Module
+    blocks: dict[str, torch.device]
+    schedule: object
+    realized: object
+    cluster: Cluster
+    home: torch.device
+    _hooks: list = field(default_factory=list, repr=False)
+
+    def devices(self) -> list[torch.device]:
+        """The devices the blocks run on, in the order of first use."""
+        return list(dict.fromkeys(self.blocks.values()))
+
+    def remove(self) -> None:
+        """Removes the hooks (the weights stay where they are)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def __str__(self) -> str:
+        runs: list[tuple[torch.device, list[str]]] = []
+        for path, dev in self.blocks.items():
+            if runs and runs[-1][0] == dev:
+                runs[-1][1].append(path)
+            else:
+                runs.append((dev, [path]))
+        lines = [f"genie.place: {len(self.blocks)} block(s) on {len(self.devices())} node(s), home {self.home}; "
+                 f"estimate {self.realized.estimated_s * 1e3:.2f} ms per call "
+                 f"(scheduler's own {self.schedule.estimated_s * 1e3:.2f} ms, {self.schedule.algorithm})"]
+        for dev, paths in runs:
+            shown = paths if len(paths) <= 4 else paths[:2] + [f"... {len(paths) - 3} more ..."] + paths[-1:]
+            lines.append(f"  {dev}: " + ", ".join(p or "(model)" for p in shown))
+        return "\n".join(lines)
+
+
+def _blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's blocks (module docstring) in registration order."""
+    out: list[tuple[str, torch.nn.Module]] = []
+
+    def visit(path: str, mod: torch.nn.Module, in_block: bool) -> None:
+        own = any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False))
+        if isinstance(mod, _CONTAINERS):
+            for name, child in mod.named_children():
+                child_path = f"{path}.{name}" if path else name
+                if isinstance(child, _CONTAINERS):
+                    visit(child_path, child, False)
+                else:
+                    out.append((child_path, child))
+            return
+        if own and not in_block:
+            out.append((path, mod))
+            return
+        for name, child in mod.named_children():
+            visit(f"{path}.{name}" if path else name, child, in_block)
+
+    visit("", model, False)
+    return out
+
+
+def _tensor_names(model: torch.nn.Module) -> dict[int, str]:
+    """{id(tensor): the name capture gives it} for every parameter and buffer (a tied one
+    under its first name)."""
+    names: dict[int, str] = {}
+    for name, t in model.named_parameters():
+        names.setdefault(id(t), name)
+    for name, t in model.named_buffers():
+        names.setdefault(id(t), name)
+    return names
+
+
+def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for t in list(block.parameters()) + list(block.buffers()):
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _move(x, device: torch.device):
+    """`x` with every tensor in it (through tuples, lists and dicts) on `device`; other objects
+    as they are. Dicts (a ModelOutput included) are updated in place."""
+    if isinstance(x, torch.Tensor):
+        return x if x.device == device else x.to(device)
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_move(y, device) for y in x)
+    if isinstance(x, list):
+        return [_move(y, device) for y in x]
+    if isinstance(x, dict):
+        for k, v in list(x.items()):
+            moved = _move(v, device)
+            if moved is not v:
+                x[k] = moved
+        return x
+    return x
+
+
+def _check_host(model: torch.nn.Module) -> None:
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.device.type != "cpu":
+            raise ValueError(f"genie.place takes a model on the host: {name!r} is on {t.device}")
+
+
+def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster: Cluster | None = None,
+          devices=None, **example_kwargs) -> Placement:
+    """Places `model` (on the host) over the cluster for `goal` ("latency" or "throughput"),
+    from one example call `model(*example_args, **example_kwargs)` (host tensors), and moves it
+    there (module docstring). `cluster`: a Cluster whose node names are `remote_accelerator:i`
+    (default: `connected_cluster(devices)`). Returns the Placement; the model is changed in
+    place (its blocks on their nodes, hooks installed). Raises as the module docstring says."""
+    _check_host(model)
+    groups = analyze(capture(model, *example_args, **example_kwargs)).to_groups()
+    cluster = cluster if cluster is not None else connected_cluster(devices)
+    sched = schedule(groups, cluster, goal)
+    node_of_name: dict[str, str] = {}
+    for g in groups.groups:
+        for name in g.weights + g.state:
+            node_of_name.setdefault(name, sched.placement[g.id])
+    names = _tensor_names(model)
+    blocks = _blocks(model)
+    block_node: dict[str, str | None] = {}
+    for path, block in blocks:
+        weight = {}
+        for t in _block_tensors(block):
+            node = node_of_name.get(names.get(id(t), ""))
+            if node is not None:
+                weight[node] = weight.get(node, 0) + t.numel() * t.element_size()
+        block_node[path] = max(sorted(weight), key=weight.get) if weight else None
+    _check_tied(blocks, block_node)
+    default = next((n for n in block_node.values() if n is not None), sched.nodes()[0] if sched.nodes() else None)
+    if default is None:
+        raise PlacementError("the model has no weights and the schedule no node")
+    realized = _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, goal)
+    placement = Placement(model, {}, sched, realized, cluster, _device(default))
+    for path, block in blocks:
+        node = block_node[path]
+        if node is None:
+            continue
+        device = _device(node)
+        block.to(device)
+        placement.blocks[path] = device
+        placement._hooks.append(block.register_forward_pre_hook(_inputs_to(device), with_kwargs=True))
+    placement._hooks += _home_hooks(model, placement)
+    return placement
+
+
+def _device(node: str) -> torch.device:
+    if not node.startswith(_DEVICE + ":"):
+        raise ValueError(f"cluster node {node!r} is not a remote_accelerator:i device")
+    return torch.device(node)
+
+
+def _check_tied(blocks, block_node) -> None:
+    where: dict[int, tuple[str, str]] = {}
+    for path, block in blocks:
+        node = block_node[path]
+        if node is None:
+            continue
+        for t in _block_tensors(block):
+            other = where.setdefault(id(t), (path, node))
+            if other[1] != node:
+                raise PlacementError(f"a weight shared by blocks {other[0]!r} and {path!r} would be on two nodes "
+                                     f"({other[1]} and {node})")
+
+
+def _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, goal):
+    """The schedule's groups placed as the blocks run them, evaluated by the cost model."""
+    moved: dict[str, str] = {}
+    for path, block in blocks:
+        for t in _block_tensors(block):
+            name = names.get(id(t))
+            if name is not None and block_node[path] is not None:
+                moved[name] = block_node[path]
+    placement: dict[int, str] = {}
+    previous = None
+    for g in groups.groups:
+        node = next((moved.get(n, node_of_name.get(n)) for n in g.weights + g.state if n in moved), None)
+        node = node or previous or sched.placement[g.id]
+        placement[g.id] = previous = node
+    return evaluate(groups, cluster, placement, goal=goal, algorithm=f"blocks of {sched.algorithm}")
+
+
+def _inputs_to(device: torch.device):
+    def hook(module, args, kwargs):
+        return _move(args, device), _move(kwargs, device)
+    return hook
+
+
+def _home_hooks(model: torch.nn.Module, placement: Placement) -> list:
+    """The model's outputs go to `placement.home`, or to the device of the first remote tensor
+    argument of the call."""
+    calls: list[torch.device] = []
+
+    def first_remote(x):
+        if isinstance(x, torch.Tensor):
+            return x.device if x.device.type == _DEVICE else None
+        if isinstance(x, (tuple, list)):
+            return next((d for d in map(first_remote, x) if d is not None), None)
+        if isinstance(x, dict):
+            return next((d for d in map(first_remote, x.values()) if d is not None), None)
+        return None
+
+    def pre(module, args, kwargs):
+        calls.append(first_remote((args, kwargs)) or placement.home)
+
+    def post(module, args, kwargs, output):
+        return _move(output, calls.pop())
+
+    return [model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
+            model.register_forward_hook(post, with_kwargs=True, always_call=False)]
+
+
+@dataclass
+class Disaggregated:
+    """A language model served by `disaggregate`: `prefill` and `decode` devices, the
+    scheduler's DisaggregatedSchedule, the prefill copy of the model (`prefill_model`), and
+    `kv_moves` (how many caches were moved, prefill to decode)."""
+
+    model: torch.nn.Module
+    prefill_model: torch.nn.Module
+    prefill: torch.device
+    decode: torch.device
+    schedule: object
+    kv_moves: int = 0
+
+    @property
+    def home(self) -> torch.device:
+        """Where the model's inputs and outputs live: the decode node."""
+        return self.decode
+
+    def __str__(self) -> str:
+        return f"genie.disaggregate: prefill on {self.prefill}, decode on {self.decode}\n" + self.schedule.explain()
+
+
+def disaggregate(model: torch.nn.Module, example_ids: torch.Tensor, *, cluster: Cluster | None = None,
+                 decode_steps: int = 32, devices=None) -> Disaggregated:
+    """Serves the causal LM `model` (on the host, a transformers model taking `input_ids`,
+    `use_cache` and a `DynamicCache` as `cache` or, in older transformers, `past_key_values`) with prefill and decode on two nodes (module docstring).
+    `example_ids`: a host prompt (batch, tokens) of the size to plan for; `decode_steps`: the
+    decode steps the plan weighs against one prefill. The model's forward is replaced (an
+    instance attribute) so that `model(...)` and `model.generate(...)` run disaggregated.
+    Raises ValueError for a model off the host, PlacementError when a phase fits on no node."""
+    from transformers import DynamicCache
+
+    _check_host(model)
+    import inspect
+    key = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    with torch.no_grad():
+        prefill_graph = capture(model, example_ids, use_cache=True)
+        cache = DynamicCache(config=model.config)
+        model(example_ids, use_cache=True, **{key: cache})
+        decode_graph = capture(model, example_ids[:, -1:], use_cache=True, **{key: cache})
+    cluster = cluster if cluster is not None else connected_cluster(devices)
+    plan = schedule_disaggregated(analyze(prefill_graph).to_groups(), analyze(decode_graph).to_groups(), cluster,
+                                  decode_steps=decode_steps)
+    prefill_dev, decode_dev = _device(plan.prefill_node), _device(plan.decode_node)
+    prefill_model = copy.deepcopy(model).to(prefill_dev) if prefill_dev != decode_dev else model
+    model.to(decode_dev)
+    served = Disaggregated(model, prefill_model, prefill_dev, decode_dev, plan)
+    forward = model.forward  # the bound method of the model's class
+
+    def disaggregated_forward(*args, **kwargs):
+        cache = kwargs.get(key)
+        if prefill_dev == decode_dev or (cache is not None and cache.get_seq_length() > 0):
+            return forward(*args, **kwargs)
+        out = type(model).forward(prefill_model, *_move(args, prefill_dev), **_move(kwargs, prefill_dev))
+        cache = out.get(key) if isinstance(out, dict) else None
+        for layer in getattr(cache, "layers", ()):
+            if getattr(layer, "is_initialized", False):
+                layer.keys, layer.values = layer.keys.to(decode_dev), layer.values.to(decode_dev)
+                layer.device = decode_dev
+                served.kv_moves += 1
+        return _move(out, decode_dev)
+
+    model.forward = disaggregated_forward
+    return served
+

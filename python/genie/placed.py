@@ -43,8 +43,8 @@ decode node, once; later calls (decode steps) run on the decode node.
 
 Errors: ValueError for a model with parameters off the host, or an unknown goal;
 `genie.scheduler.PlacementError` when the model fits on no placement (naming the group, the
-bytes it needs and the largest free memory) or a block split would put a tied weight on two
-nodes; capture's errors for a model it cannot trace; GenieConnectionError for an unreachable
+bytes it needs and the largest free memory), when moving whole blocks would overfill a node,
+or when it would put a tied weight on two nodes (nothing is moved then); capture's errors for a model it cannot trace; GenieConnectionError for an unreachable
 node.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .scheduler import Cluster, PlacementError, connected_cluster, schedule, schedule_disaggregated
+from .scheduler import Cluster, PlacementError, check_schedule, connected_cluster, schedule, schedule_disaggregated
 from .scheduler.schedule import evaluate
 from .semantics import analyze, capture
 
@@ -172,16 +172,18 @@ def _check_host(model: torch.nn.Module) -> None:
 
 
 def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster: Cluster | None = None,
-          devices=None, **example_kwargs) -> Placement:
+          devices=None, algorithm=schedule, **example_kwargs) -> Placement:
     """Places `model` (on the host) over the cluster for `goal` ("latency" or "throughput"),
     from one example call `model(*example_args, **example_kwargs)` (host tensors), and moves it
     there (module docstring). `cluster`: a Cluster whose node names are `remote_accelerator:i`
-    (default: `connected_cluster(devices)`). Returns the Placement; the model is changed in
-    place (its blocks on their nodes, hooks installed). Raises as the module docstring says."""
+    (default: `connected_cluster(devices)`). `algorithm(groups, cluster, goal)` makes the
+    ExecutionSchedule: the scheduler's `schedule` (default), or a baseline such as
+    `genie.scheduler.round_robin` for a comparison. Returns the Placement; the model is changed
+    in place (its blocks on their nodes, hooks installed). Raises as the module docstring says."""
     _check_host(model)
     groups = analyze(capture(model, *example_args, **example_kwargs)).to_groups()
     cluster = cluster if cluster is not None else connected_cluster(devices)
-    sched = schedule(groups, cluster, goal)
+    sched = algorithm(groups, cluster, goal)
     node_of_name: dict[str, str] = {}
     for g in groups.groups:
         for name in g.weights + g.state:
@@ -201,6 +203,7 @@ def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster:
     if default is None:
         raise PlacementError("the model has no weights and the schedule no node")
     realized = _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, goal)
+    check_schedule(groups, cluster, realized)  # whole blocks still fit (else PlacementError, nothing moved)
     placement = Placement(model, {}, sched, realized, cluster, _device(default))
     for path, block in blocks:
         node = block_node[path]

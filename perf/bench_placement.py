@@ -28,6 +28,7 @@ import os
 import pathlib
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -124,7 +125,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     report = {"date": datetime.date.today().isoformat(), "commit": commit, "machine": args.machine,
-              "command": "perf/bench_placement.py " + " ".join(sys.argv[1:]), "weights_bytes": weights,
+              "command": "perf/bench_placement.py " + shlex.join(sys.argv[1:]), "weights_bytes": weights,
               "nodes": {name: {"cpus": spec[0], "threads": spec[1], "memory_limit": spec[2]}
                         for name, spec in specs.items()},
               "node_names": {f"remote_accelerator:{i}": name for i, name in enumerate(specs)},

@@ -19,7 +19,8 @@ goal, and the model is moved to match, one *block* at a time:
   on one node. It goes to the node where the schedule put most of its weight bytes; a block
   without weights runs where its inputs are.
 - a forward pre-hook on each placed block moves the tensors it is given (positional and
-  keyword arguments, through tuples, lists and dicts) to its node: node to node when they are
+  keyword arguments, through tuples, lists and dicts) to its node, each tensor once per call
+  of the model (a mask every layer is given crosses once per node): node to node when they are
   on another node (`transfers._node_to_node`: the bytes never pass through this process), an
   upload when they are on the host. Weights never move between nodes once placed (a tied weight
   is on one node with every block that reads it: the scheduler co-locates what shares a
@@ -57,6 +58,7 @@ import torch
 from .scheduler import Cluster, PlacementError, check_schedule, connected_cluster, schedule, schedule_disaggregated
 from .scheduler.schedule import evaluate
 from .semantics import analyze, capture
+from .transfers import move_many
 
 _DEVICE = "remote_accelerator"
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
@@ -78,6 +80,7 @@ class Placement:
     cluster: Cluster
     home: torch.device
     _hooks: list = field(default_factory=list, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)  # the current call's moves (see _move)
 
     def devices(self) -> list[torch.device]:
         """The devices the blocks run on, in the order of first use."""
@@ -147,18 +150,46 @@ def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def _move(x, device: torch.device):
+def _move(x, device: torch.device, memo: dict | None = None):
     """`x` with every tensor in it (through tuples, lists and dicts) on `device`; other objects
-    as they are. Dicts (a ModelOutput included) are updated in place."""
+    as they are. Dicts (a ModelOutput included) are updated in place. The tensors that come
+    from one other node move together (`transfers.move_many`: one SendTensors). `memo`
+    {(id(tensor), device): (tensor, moved)} reuses a move made earlier in the same call (a mask
+    or positions that every block on a node is given cross once)."""
+    found: list[torch.Tensor] = []
+    _tensors(x, device, memo, found)
+    if found:
+        for t, moved in zip(found, move_many(found, device)):
+            memo = {} if memo is None else memo
+            memo[(id(t), device)] = (t, moved)  # holds t: its id stays unique while the call runs
+    return _rebuilt(x, device, memo)
+
+
+def _tensors(x, device, memo, found: list) -> None:
+    """Appends to `found` the tensors of `x` not on `device` and not moved already (once each)."""
     if isinstance(x, torch.Tensor):
-        return x if x.device == device else x.to(device)
+        if x.device != device and not any(t is x for t in found):
+            hit = memo.get((id(x), device)) if memo is not None else None
+            if hit is None or hit[0] is not x:
+                found.append(x)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            _tensors(y, device, memo, found)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, device, memo, found)
+
+
+def _rebuilt(x, device, memo):
+    if isinstance(x, torch.Tensor):
+        return x if x.device == device else memo[(id(x), device)][1]
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_move(y, device) for y in x)
+        return tuple(_rebuilt(y, device, memo) for y in x)
     if isinstance(x, list):
-        return [_move(y, device) for y in x]
+        return [_rebuilt(y, device, memo) for y in x]
     if isinstance(x, dict):
         for k, v in list(x.items()):
-            moved = _move(v, device)
+            moved = _rebuilt(v, device, memo)
             if moved is not v:
                 x[k] = moved
         return x
@@ -212,7 +243,8 @@ def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster:
         device = _device(node)
         block.to(device)
         placement.blocks[path] = device
-        placement._hooks.append(block.register_forward_pre_hook(_inputs_to(device), with_kwargs=True))
+        placement._hooks.append(block.register_forward_pre_hook(_inputs_to(device, placement._memo),
+                                                                with_kwargs=True))
     placement._hooks += _home_hooks(model, placement)
     return placement
 
@@ -253,9 +285,9 @@ def _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, g
     return evaluate(groups, cluster, placement, goal=goal, algorithm=f"blocks of {sched.algorithm}")
 
 
-def _inputs_to(device: torch.device):
+def _inputs_to(device: torch.device, memo: dict):
     def hook(module, args, kwargs):
-        return _move(args, device), _move(kwargs, device)
+        return _move(args, device, memo), _move(kwargs, device, memo)
     return hook
 
 
@@ -274,10 +306,15 @@ def _home_hooks(model: torch.nn.Module, placement: Placement) -> list:
         return None
 
     def pre(module, args, kwargs):
+        if not calls:
+            placement._memo.clear()  # moves are reused within one call of the model only
         calls.append(first_remote((args, kwargs)) or placement.home)
 
     def post(module, args, kwargs, output):
-        return _move(output, calls.pop())
+        out = _move(output, calls.pop(), placement._memo)
+        if not calls:
+            placement._memo.clear()
+        return out
 
     return [model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
             model.register_forward_hook(post, with_kwargs=True, always_call=False)]

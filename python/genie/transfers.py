@@ -15,6 +15,7 @@ import torch
 
 from . import _C, progress
 from .graph import Value, new_handle
+from .lazy import lock
 from .recorder import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
 aten = torch.ops.aten
@@ -65,33 +66,82 @@ def _node_to_node(src, target: torch.device, kwargs: dict):
     memory_format = kwargs.get("memory_format")
     if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
         return None
-    source, dest = runtime_of(src), runtime_for(target)
-    if source.lineage is not None or dest.lineage is not None:
-        return None
+    if runtime_of(src).lineage is not None or runtime_for(target).lineage is not None:
+        return None  # before a conversion is recorded for nothing
     dtype = kwargs.get("dtype")
     if dtype is not None and dtype != src.dtype:
         src = src.to(dtype=dtype)  # recorded on the source's device: converted by its node
-    peer = dest.connection()  # the target's session: its address and id
-    value = source.value_of(src)
-    if value.node is not None or source.recording.pending_writes(value.storage):
-        source._execute([], [])  # runs what it needs; the tensor keeps it resident
-        value = source.value_of(src)
-    if value.handle is None:  # not kept by the node (nothing to send from): the host path
+    moved = _send([src], target)
+    return None if moved is None else moved[0]
+
+
+def move_many(tensors, target: torch.device) -> list:
+    """`[t.to(target) for t in tensors]` (target: a remote_accelerator device), where the
+    LazyTensors on one other remote device go node to node in one SendTensors per source device
+    (see `_node_to_node`); the others (host tensors, and those `_node_to_node` would send
+    through the host) move one by one. Raises as `tensor.to` does."""
+    with lock:  # the process lock, as the dispatcher holds it for tensor.to
+        return _move_many(list(tensors), target)
+
+
+def _move_many(out: list, target: torch.device) -> list:
+    by_source: dict = {}
+    for i, t in enumerate(out):
+        if t.device != target and _C.is_lazy(t):
+            by_source.setdefault(t.device, []).append(i)
+    for device, positions in by_source.items():
+        unique: list = []  # each tensor sent once, however often it is listed
+        for i in positions:
+            if not any(out[i] is t for t in unique):
+                unique.append(out[i])
+        if len(unique) < 2:
+            continue
+        moved = _send(unique, target)
+        if moved is not None:
+            for t, m in zip(unique, moved):
+                progress.moved(t, target)
+            for i in positions:
+                out[i] = next(m for t, m in zip(unique, moved) if t is out[i])
+    return [t if t.device == target else t.to(target) for t in out]
+
+
+def _send(srcs: list, target: torch.device):
+    """LazyTensors of one remote device sent to `target`'s node in one SendTensors: each made
+    resident on its node first (one run of the pending graph when any is pending); the new
+    LazyTensors hold fresh handles (contiguous, the sources' shapes and dtypes). None (the
+    caller takes the host path) when either runtime keeps host copies or a source is not kept
+    by its node."""
+    source, dest = runtime_of(srcs[0]), runtime_for(target)
+    if source.lineage is not None or dest.lineage is not None:
         return None
-    shape = list(src.shape)
-    moved = Value.resident(None, src.dtype, new_handle(), value.residency)
-    moved.shape = tuple(shape)
+    peer = dest.connection()  # the target's session: its address and id
+    values = [source.value_of(t) for t in srcs]
+    if any(v.node is not None or source.recording.pending_writes(v.storage) for v in values):
+        source._execute([], [])  # runs what it needs; the tensors keep it resident
+        values = [source.value_of(t) for t in srcs]
+    if any(v.handle is None for v in values):  # not kept by the node (nothing to send from): the host path
+        return None
+    moved = []
+    for t, v in zip(srcs, values):
+        m = Value.resident(None, t.dtype, new_handle(), v.residency)
+        m.shape = tuple(t.shape)
+        moved.append(m)
     try:
-        source._call("send_tensors", peer.address, dest.auth_token, peer.session_id, [value.handle], [moved.handle])
+        source._call("send_tensors", peer.address, dest.auth_token, peer.session_id, [v.handle for v in values],
+                     [m.handle for m in moved])
     except BaseException:
-        # The tensor may have reached the target before the failure was seen (Ctrl-C once the
-        # node sent it, a reply lost with node 0): the target frees the handle with its next
+        # The tensors may have reached the target before the failure was seen (Ctrl-C once the
+        # node sent them, a reply lost with node 0): the target frees the handles with its next
         # request (an unknown handle is ignored).
-        dest.recording.note_resident(moved)
-        dest._release_unheld(moved)
+        for m in moved:
+            dest.recording.note_resident(m)
+            dest._release_unheld(m)
         raise
-    dest.recording.note_resident(moved)
-    return _C.make_lazy(moved, dest.recording, shape)
+    out = []
+    for t, m in zip(srcs, moved):
+        dest.recording.note_resident(m)
+        out.append(_C.make_lazy(m, dest.recording, list(t.shape)))
+    return out
 
 
 def _host_conversion(cpu: torch.Tensor, kwargs: dict) -> torch.Tensor:

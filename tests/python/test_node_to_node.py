@@ -70,6 +70,25 @@ def test_a_tensor_moves_node_to_node_and_equals_the_cpu_reference(two_nodes):
     assert _traffic() - before < 64 * 1024
 
 
+def test_tensors_from_one_node_move_together_in_one_send(two_nodes):
+    from genie.transfers import move_many
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 64), torch.randn(16)
+    x = (a.to(DEV0) * 2).relu()  # pending on node 0
+    y = b.to(DEV0) + 1
+    host = torch.arange(4.0)
+    torch.ones(1, device=DEV1).cpu()  # node 1's session open before the count
+    sends = genie.memory_stats(DEV0)["peer_transfers"]
+    received = genie.memory_stats(DEV1)["peer_bytes_received"]
+    moved = move_many([x, y, host, x], torch.device(DEV1))
+    # One SendTensors from node 0 carries both tensors (x once); the host tensor does not pass by it.
+    assert genie.memory_stats(DEV0)["peer_transfers"] - sends == 1
+    assert (64 * 64 + 16) * 4 <= genie.memory_stats(DEV1)["peer_bytes_received"] - received < 2 * 64 * 64 * 4
+    assert [t.device for t in moved] == [torch.device(DEV1)] * 4
+    assert torch.equal(moved[0].cpu(), (a * 2).relu()) and torch.equal(moved[3].cpu(), (a * 2).relu())
+    assert torch.equal(moved[1].cpu(), b + 1) and torch.equal(moved[2].cpu(), host)
+
+
 def test_a_send_names_only_the_requesting_sessions_handles(two_nodes):
     n0, n1 = two_nodes
     with C.Client("127.0.0.1", n0.port, auth_token=TOKEN) as owner, \

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import genie
+import genie.scheduler
 from conftest import NodeProcess
 from genie.errors import GenieError
 
@@ -202,3 +203,14 @@ def test_killing_a_node_of_a_placed_model_names_it_within_two_seconds(cluster):
         model(ids).logits.cpu()
     assert time.monotonic() - start < 2.0
     assert victim.address in str(failed.value)
+
+
+@pytest.mark.limit(int(MODEL_BYTES * 0.3))
+def test_a_model_that_fits_on_no_placement_is_refused_and_nothing_moves(cluster):
+    model, _ = _gpt2()
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 8))
+    with pytest.raises(genie.scheduler.PlacementError) as refused:
+        genie.place(model, ids)
+    assert "needs" in str(refused.value) and "free memory" in str(refused.value)  # the group, its bytes, the room
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert all(_stats(i)["resident"]["PersistentWeight"] == 0 for i in range(2))

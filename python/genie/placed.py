@@ -39,8 +39,8 @@ only.
 (prefill where it computes fastest, decode where a step is fastest, on two nodes when two can
 hold a phase): the model's weights on the decode node, a copy on the prefill node; the model's
 forward runs a call without a filled cache (the prefill) on the prefill node, then moves every
-layer's keys and values (`transformers.DynamicCache`) and the outputs node to node to the
-decode node, once; later calls (decode steps) run on the decode node.
+layer's keys and values (`transformers.DynamicCache`: in one SendTensors) and the outputs node
+to node to the decode node, once; later calls (decode steps) run on the decode node.
 
 Errors: ValueError for a model with parameters off the host, or an unknown goal;
 `genie.scheduler.PlacementError` when the model fits on no placement (naming the group, the
@@ -287,7 +287,7 @@ def _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, g
 
 def _inputs_to(device: torch.device, memo: dict):
     def hook(module, args, kwargs):
-        return _move(args, device, memo), _move(kwargs, device, memo)
+        return _move((args, kwargs), device, memo)  # together: one SendTensors per source node
     return hook
 
 
@@ -373,13 +373,14 @@ def disaggregate(model: torch.nn.Module, example_ids: torch.Tensor, *, cluster: 
         cache = kwargs.get(key)
         if prefill_dev == decode_dev or (cache is not None and cache.get_seq_length() > 0):
             return forward(*args, **kwargs)
-        out = type(model).forward(prefill_model, *_move(args, prefill_dev), **_move(kwargs, prefill_dev))
+        args, kwargs = _move((args, kwargs), prefill_dev, {})
+        out = type(model).forward(prefill_model, *args, **kwargs)
         cache = out.get(key) if isinstance(out, dict) else None
-        for layer in getattr(cache, "layers", ()):
-            if getattr(layer, "is_initialized", False):
-                layer.keys, layer.values = layer.keys.to(decode_dev), layer.values.to(decode_dev)
-                layer.device = decode_dev
-                served.kv_moves += 1
+        layers = [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_initialized", False)]
+        moved = move_many([t for layer in layers for t in (layer.keys, layer.values)], decode_dev)  # one send
+        for i, layer in enumerate(layers):
+            layer.keys, layer.values, layer.device = moved[2 * i], moved[2 * i + 1], decode_dev
+        served.kv_moves += len(layers)
         return _move(out, decode_dev)
 
     model.forward = disaggregated_forward

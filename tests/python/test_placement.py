@@ -121,6 +121,9 @@ def test_prefill_on_one_node_and_decode_on_another_moves_the_cache_once(cluster)
     after = [_stats(i) for i in range(2)]
     assert tokens.cpu().tolist() == expected.tolist()
     assert served.kv_moves == CONFIG["n_layer"]  # every layer's cache, once
+    # The prefill node took part in three transfers: it received the prompt's inputs, sent all
+    # the caches in one SendTensors, then the prompt's logits.
+    assert after[prefill]["peer_transfers"] - before[prefill]["peer_transfers"] == 3
     cache_bytes = 2 * CONFIG["n_layer"] * ids.shape[1] * CONFIG["n_embd"] * 4
     sent = after[prefill]["peer_bytes_sent"] - before[prefill]["peer_bytes_sent"]
     assert cache_bytes <= sent < cache_bytes + 64 * 1024  # the caches, the logits, the ids

@@ -606,7 +606,9 @@ size_t dtypeSize(DType dtype) {
     case DType::UInt8:
     case DType::Bool:
     case DType::Float8_e4m3fn:
-    case DType::Float8_e5m2: return 1;
+    case DType::Float8_e5m2:
+    case DType::Float8_e4m3fnuz:
+    case DType::Float8_e5m2fnuz: return 1;
     case DType::Float16:
     case DType::BFloat16:
     case DType::Int16:

@@ -64,6 +64,8 @@ TEST(WireNames, DTypeSizesAndNames) {
   EXPECT_EQ(dtypeSize(DType::UInt32), 4u);
   EXPECT_EQ(dtypeSize(DType::UInt64), 8u);
   EXPECT_EQ(dtypeSize(DType::ComplexHalf), 4u);
+  EXPECT_EQ(dtypeSize(DType::Float8_e4m3fnuz), 1u);
+  EXPECT_EQ(dtypeSize(DType::Float8_e5m2fnuz), 1u);
   EXPECT_EQ(dtypeSize(static_cast<DType>(100)), 0u);
   EXPECT_EQ(dtypeName(DType::Float32), "Float32");
   EXPECT_EQ(dtypeName(DType::Float8_e4m3fn), "Float8_e4m3fn");

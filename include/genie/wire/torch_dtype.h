@@ -35,6 +35,8 @@ inline constexpr TorchDTypePair kTorchDTypes[] = {
     {DType::UInt32, c10::ScalarType::UInt32},
     {DType::UInt64, c10::ScalarType::UInt64},
     {DType::ComplexHalf, c10::ScalarType::ComplexHalf},
+    {DType::Float8_e4m3fnuz, c10::ScalarType::Float8_e4m3fnuz},
+    {DType::Float8_e5m2fnuz, c10::ScalarType::Float8_e5m2fnuz},
 };
 
 /// The torch scalar type of a wire dtype; nullopt for Undefined and values outside the enum.

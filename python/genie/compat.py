@@ -8,6 +8,8 @@ storage access are refused naming what to do instead. Part of the capture layer
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import _C
@@ -46,18 +48,55 @@ def _storage_access(func, args, kwargs):
         "e.g. tensor.cpu().untyped_storage()")
 
 
-def _host_indices(func, args, kwargs):
+def _indices(func, args, kwargs):
     """aten::index.Tensor / index_put / index_put_ / _index_put_impl_ (`x[idx]`, `x[mask] = v`)
-    with index tensors on the host: as on CUDA, where advanced indexing moves CPU indices to the
-    indexed tensor's device, they are uploaded first (a bool mask then takes the device's
-    data-dependent path). Every other op keeps PyTorch's device-mismatch error."""
+    whose indices the C++ recorder hands over, made what eager's advanced indexing makes of them:
+    - host index tensors are uploaded first, as on CUDA, where advanced indexing moves CPU
+      indices to the indexed tensor's device (every other op keeps PyTorch's device error);
+    - a uint8 mask is a bool mask, with eager's deprecation warning;
+    - for a put of a value with other than one element, bool masks become indices
+      (`mask.nonzero()`, which the node runs now), as eager's expandTensors does: how many
+      elements a mask selects decides whether the value fits, and eager raises at once when it
+      does not. On CUDA this is a synchronization too; a one-element value (`x[mask] = 0`) needs
+      none, there and here.
+    A bool mask of index.Tensor then takes the device's data-dependent path."""
     self, indices = args[0], args[1]
-    # Common case first (device or no indices): exact type tests, nothing rebuilt. 0-dim host
-    # indices stay as they are: they travel inline, as any 0-dim host tensor.
-    if _C.is_lazy(self) and indices and any(i is not None and not _C.is_lazy(i) and i.dim() > 0 for i in indices):
-        moved = [i if i is None or _C.is_lazy(i) or i.dim() == 0 else i.to(self.device) for i in indices]
-        args = (self, moved, *args[2:])
-    return record_op(func, args, kwargs)
+    if not _C.is_lazy(self) or not indices:
+        return record_op(func, args, kwargs)
+    moved = []
+    for i in indices:
+        if i is not None and not _C.is_lazy(i) and i.dim() > 0:
+            i = i.to(self.device)  # 0-dim host indices stay: they travel inline, as any 0-dim host tensor
+        if i is not None and i.dtype == torch.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                          UserWarning, stacklevel=3)
+            i = i.to(torch.bool)
+        moved.append(i)
+    value = args[2] if len(args) > 2 else None
+    if (func is not aten.index.Tensor and isinstance(value, torch.Tensor) and value.numel() != 1
+            and any(i is not None and i.dtype == torch.bool for i in moved)):
+        moved = _masks_as_indices(self, moved)
+    return record_op(func, (self, moved, *args[2:]), kwargs)
+
+
+def _masks_as_indices(self, indices: list) -> list:
+    """Each bool mask of `indices` as the long indices of its True elements, one per dimension
+    it covers (expandTensors), after eager's check of its shape against `self`'s."""
+    out = []
+    for i in indices:
+        if i is None or i.dtype != torch.bool:
+            out.append(i)
+            continue
+        for j in range(i.dim()):
+            src = len(out) + j
+            if src >= self.dim() or i.shape[j] != self.shape[src]:
+                break  # eager's error for a mask of the wrong shape: raised by the recorder's checks
+        else:
+            nonzero = i.nonzero()
+            out.extend(nonzero.select(1, j) for j in range(i.dim()))
+            continue
+        return indices
+    return out
 
 
 def _rnn_with_batch_sizes(func, args, kwargs):
@@ -132,10 +171,10 @@ def ctc_loss_on_device(log_probs, targets, input_lengths, target_lengths, blank=
 HANDLERS = {
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_tensors,
     aten._nested_tensor_from_mask.default: _nested_tensor_from_mask,
-    aten.index.Tensor: _host_indices,
-    aten.index_put.default: _host_indices,
-    aten.index_put_.default: _host_indices,
-    aten._index_put_impl_.default: _host_indices,
+    aten.index.Tensor: _indices,
+    aten.index_put.default: _indices,
+    aten.index_put_.default: _indices,
+    aten._index_put_impl_.default: _indices,
     aten.lstm.data: _rnn_with_batch_sizes,
     aten.gru.data: _rnn_with_batch_sizes,
     aten._pack_padded_sequence.default: _pack_padded_sequence,
@@ -144,6 +183,7 @@ HANDLERS = {
     aten.set_.source_Storage: _storage_access,
     aten.set_.source_Storage_storage_offset: _storage_access,
 }
-# Handled here only when an index is a host tensor; the C++ recorder records the rest.
+# Handled here only when an index is a host tensor, a uint8 mask or a mask of a put (see _indices);
+# the C++ recorder records the rest.
 CONDITIONAL = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
                          aten._index_put_impl_.default})

@@ -52,6 +52,9 @@ def record_op(func, args: tuple, kwargs: dict, host_args: tuple[int, ...] = ()):
     result = _C.record_op(func, args, kwargs, list(host_args))
     if result is NotImplemented:
         _raise_lost(args, kwargs)
+        unsigned = _unsigned_scalars_as_tensors(func, args, kwargs)
+        if unsigned is not None:
+            return record_op(*unsigned, host_args=host_args)
         if _make_runtimes_for_devices(args, kwargs):  # a factory for a device used for the first time
             result = _C.record_op(func, args, kwargs, list(host_args))
     if result is NotImplemented:
@@ -73,6 +76,54 @@ def _raise_lost(args: tuple, kwargs: dict) -> None:
         value = _C.lazy_value(t)
         if value is not None and value.error is not None:
             raise value.error
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _unsigned_scalars_as_tensors(func, args: tuple, kwargs: dict):
+    """A Python int above 2**63-1 given for a `Scalar` argument (`x[0] = 2**63` on a uint64
+    tensor: aten::fill_.Scalar) has no wire form (scalars travel as int64 or double). The call
+    becomes the op's overload that takes a Tensor there (fill_.Tensor, add.Tensor, ...) with the
+    number as a 0-dim uint64 host tensor, which travels inline, as eager's kernel reads the
+    Scalar. Returns (func, args, kwargs), or None when no argument is such a number. Raises
+    NotImplementedError when the op has no such overload."""
+    schema = func._schema.arguments
+    given = {a.name: args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema)}
+    big = {a.name for a in schema if _kind(a.type) == "NumberType" and _is_big_int(given[a.name])}
+    if not big:
+        return None
+
+    def fits(o, a) -> bool:  # the other overload's argument `o` takes what was given for `a`
+        if o.name != a.name:
+            return False
+        if a.name in big:
+            return _kind(o.type) == "TensorType"
+        return str(o.type) == str(a.type) or (given[a.name] is None and o.type.kind() == "OptionalType")
+
+    for name in func._overloadpacket.overloads():
+        other = getattr(func._overloadpacket, name)
+        if other is func or len(other._schema.arguments) != len(schema):
+            continue
+        if all(fits(o, a) for o, a in zip(other._schema.arguments, schema)):
+            positional = [_as_uint64(v) if schema[i].name in big else v for i, v in enumerate(args)]
+            named = {k: _as_uint64(v) if k in big else v for k, v in kwargs.items()}
+            return other, tuple(positional), named
+    raise NotImplementedError(f"{op_name(func)}: an integer scalar above 2**63-1 has no wire form on "
+                              "remote_accelerator, and the op has no overload taking a tensor there")
+
+
+def _kind(t) -> str:
+    """A schema type's kind, looking through Optional: "NumberType" for Scalar and Scalar?."""
+    return t.getElementType().kind() if t.kind() == "OptionalType" else t.kind()
+
+
+def _is_big_int(v) -> bool:
+    return type(v) is int and v > _INT64_MAX
+
+
+def _as_uint64(v):
+    return torch.tensor(v, dtype=torch.uint64) if _is_big_int(v) else v
 
 
 def _make_runtimes_for_devices(args: tuple, kwargs: dict) -> bool:

@@ -28,6 +28,7 @@
 #include "genie/log.h"
 #include "genie/node/node_service.h"
 #include "genie/units.h"
+#include "node/deterministic_ops.h"
 #include "node/membership.h"
 
 namespace {
@@ -238,6 +239,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  genie::node::defineDeterministicOps();  // genie::deterministic_<op>: what clients record in deterministic mode
   genie::logToStderr("genie-node");
   if (!genie::setLogLevel(log_level)) {
     std::fprintf(stderr, "genie-node: unknown --log-level '%s'\n", log_level.c_str());

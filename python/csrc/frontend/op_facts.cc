@@ -6,6 +6,11 @@
 #include <unordered_set>
 
 #include "frontend/ir.h"
+#include "genie/torch/deterministic_ops.h"
+
+// The deterministic variants' schemas (genie-node has their kernels): the recorder records one
+// for an op called while torch.use_deterministic_algorithms(True) is in effect.
+TORCH_LIBRARY_FRAGMENT(genie, m) { genie::deterministic::defineVariants(m, nullptr); }
 
 namespace genie::frontend {
 namespace {
@@ -105,8 +110,14 @@ std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
     facts->returns.push_back(r);
   }
   facts->seeded = op.hasTag(at::Tag::nondeterministic_seeded);
+  if (schema.name().rfind("aten::", 0) == 0) {
+    facts->deterministic = c10::Dispatcher::singleton().findSchema(
+        {genie::deterministic::variantName(schema.name()), schema.overload_name()});
+  }
 
-  const std::string& name = facts->name;
+  // A deterministic variant plays its aten op's roles.
+  const std::string aten = genie::deterministic::atenName(schema.name());
+  const std::string name = aten.empty() ? facts->name : aten + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   if (name == "aten::cat" || name == "aten::index_copy_" || name == "aten::index_copy" || name == "aten::slice_scatter") {
     facts->cache_role = OpFacts::CacheRole::kWriter;
   } else if (name == "aten::scaled_dot_product_attention") {

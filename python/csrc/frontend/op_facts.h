@@ -13,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ struct OpFacts {
   enum class CacheRole : uint8_t { kNone, kWriter, kAttention } cache_role = CacheRole::kNone;
   Route route = Route::kRecord;
   std::string name;                  // "aten::add.Tensor"
+  /// The variant recorded while deterministic algorithms are on (genie::deterministic_<op>,
+  /// include/genie/torch/deterministic_ops.h), for the ops whose kernels read that flag.
+  std::optional<c10::OperatorHandle> deterministic;
 };
 
 /// The facts of `op` (cached; under the process lock).

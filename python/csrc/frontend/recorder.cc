@@ -1,5 +1,6 @@
 #include "frontend/recorder.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/List.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/SmallVector.h>
@@ -8,8 +9,10 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
+#include "frontend/eager_checks.h"
 #include "frontend/host_eval.h"
 #include "frontend/lazy_tensor.h"
 #include "frontend/lock.h"
@@ -120,8 +123,8 @@ class Walk {
       out = capsuleOf(value);
       return true;
     }
-    if (t.is_cpu()) {
-      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    if (t.is_cpu() && !writes(index)) {
+      if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() != at::kUInt64) {
         key.add(KeyBuilder::kWrapped, static_cast<int64_t>(t.scalar_type()));
         out = numberOf(t);
         return true;
@@ -131,17 +134,23 @@ class Walk {
         out = t.detach().contiguous().clone();
         return true;
       }
-      if (t.dim() == 0) {  // a constant: travels inline with the run; a snapshot, as eager reads it now
+      // A constant: travels inline with the run; a snapshot, as eager reads it now. So does a
+      // Python int above 2**63-1 (a uint64 wrapped number), which no wire scalar holds.
+      if (t.dim() == 0) {
         key.add(KeyBuilder::kConstant, static_cast<int64_t>(t.scalar_type()));
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         out = t.detach().clone();
         return true;
       }
     }
-    host_ = true;  // a host (or other device's) tensor beside device tensors: PyTorch's device error
+    host_ = true;  // a host (or other device's) tensor beside device tensors, or written: PyTorch's device error
     host_device_ = t.device();
     out = c10::IValue();
     return true;
+  }
+
+  bool writes(int index) const {
+    return std::find(facts_.writes.begin(), facts_.writes.end(), index) != facts_.writes.end();
   }
 
   const OpFacts& facts_;
@@ -182,16 +191,54 @@ bool recordsHere(Route route, const c10::IValue* first, size_t n) {
       LazyTensorImpl* src = first[1].isTensor() ? lazyImpl(first[1].toTensor()) : nullptr;
       return dst != nullptr && src != nullptr && &dst->recording() == &src->recording();
     }
-    case Route::kIndex: {  // the indices: device tensors, None or 0-dim host tensors (else uploaded by Python)
+    case Route::kIndex: {
+      // Recorded here when the indices are device tensors, None or 0-dim host tensors; Python
+      // uploads other host indices, turns uint8 masks into bool ones (eager's deprecation warning)
+      // and, for a put of a value with other than one element, bool masks into indices (eager's
+      // nonzero: how many elements a mask selects decides whether the value fits).
       if (!first[1].isList()) return false;
+      const c10::IValue* value = n > 2 && first[2].isTensor() ? &first[2] : nullptr;  // index_put's values
+      const bool put = value != nullptr && value->toTensor().defined() && value->toTensor().numel() != 1;
       for (const c10::IValue& x : first[1].toListRef()) {
-        if (x.isTensor() && x.toTensor().defined() && !isLazy(x.toTensor()) && x.toTensor().dim() > 0) return false;
+        if (!x.isTensor() || !x.toTensor().defined()) continue;
+        const at::Tensor& index = x.toTensor();
+        if (!isLazy(index) && index.dim() > 0) return false;
+        if (index.scalar_type() == at::kByte || (put && index.scalar_type() == at::kBool)) return false;
       }
       return true;
     }
     default:
       return true;
   }
+}
+
+/// Quantized tensors have no wire form: NotImplementedError naming the op, before it is recorded,
+/// for a call that would make one (a quantized dtype argument or output).
+void refuseQuantized(const OpFacts& facts, const std::vector<c10::IValue>& args, const Shapes& shapes) {
+  auto refuse = [&](at::ScalarType dtype) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, facts.name, ": quantized tensors (", dtype,
+                                ") are not supported on remote_accelerator; quantize on the host");
+  };
+  for (size_t i = 0; i < args.size() && i < facts.args.size(); ++i) {
+    if (facts.args[i] == ArgKind::kScalarType && args[i].isInt() &&
+        c10::isQIntType(static_cast<at::ScalarType>(args[i].toInt()))) {
+      refuse(static_cast<at::ScalarType>(args[i].toInt()));
+    }
+  }
+  for (const Desc& d : shapes.outputs) {
+    if (d.defined && c10::isQIntType(d.dtype)) refuse(d.dtype);
+  }
+}
+
+/// Whether the call is recorded as its deterministic variant (op_facts.h): while the program has
+/// torch.use_deterministic_algorithms(True) in effect, and for index_put with accumulate=True
+/// always (CUDA's kernel always sums in a sorted, fixed order; a multi-threaded CPU one does not).
+bool deterministicNow(const OpFacts& facts, const c10::IValue* first, size_t n) {
+  if (at::globalContext().deterministicAlgorithms()) return true;
+  const std::string_view name = facts.name;
+  const bool put = name.rfind("aten::index_put", 0) == 0 || name.rfind("aten::_index_put_impl_", 0) == 0 ||
+                   name.rfind("aten::_unsafe_index_put", 0) == 0;
+  return put && n > 3 && first[3].isBool() && first[3].toBool();
 }
 
 /// Records the node for `plan` and makes its results (under the process lock).
@@ -382,7 +429,11 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       if (plan == nullptr && inferred) plan = planCache().insert(key, Plan{std::move(*inferred)});
       if (plan != nullptr) {
         recorded.recording = walk.recording;
-        results = emit(op, *facts, *plan, walk, first, recorded);
+        if (facts->deterministic && deterministicNow(*facts, first, n)) {
+          results = emit(*facts->deterministic, opFacts(*facts->deterministic), *plan, walk, first, recorded);
+        } else {
+          results = emit(op, *facts, *plan, walk, first, recorded);
+        }
         recorded.wants_run = walk.recording->wantsRun();
         break;
       }
@@ -391,9 +442,11 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
     // again (another thread may have changed a value meanwhile) and record.
     const std::vector<c10::IValue> args(first, first + n);
     try {
+      checkAsEager(op, *facts, args);  // eager's errors that the meta kernel does not raise
       auto rule = ruleShapes(op, *facts, args);
       (rule ? g_rule : g_meta).fetch_add(1, std::memory_order_relaxed);
       inferred = rule ? std::move(*rule) : metaShapes(op, *facts, args);
+      refuseQuantized(*facts, args, *inferred);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)
     }

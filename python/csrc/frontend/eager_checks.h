@@ -1,0 +1,29 @@
+// The shapes layer's checks: errors eager PyTorch raises for a call that its meta kernel does
+// not raise, or raises as another exception class.
+//
+// A call's outputs are inferred on the client by the op's meta kernel (shapes.h), which checks
+// what the output's geometry needs and not always more: `index_put_` on meta accepts indices
+// that cannot broadcast, `index_fill_` a complex value for a float tensor, and some Python meta
+// kernels raise RuntimeError where eager raises IndexError (`x[float_index]`). Each check here
+// is one op's part of eager's argument checking (aten/src/ATen/native), decidable from what the
+// plan cache is keyed by (descriptors, dtypes, non-tensor values): it raises eager's exception
+// class with eager's message, followed by "(genie: <op> on remote_accelerator, checked on the
+// client)", before anything is recorded. Checks run on a plan-cache miss only: a hit has the key
+// of a call that passed them.
+//
+// Errors that depend on tensor values (an index out of range) stay the node's: they are raised at
+// the next read, as eager's class (genie.errors.remote_error).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace genie::frontend {
+
+struct OpFacts;
+
+/// Raises eager's error for `op` with the arguments on `args` (the whole schema's arguments, as
+/// the recorder got them), if eager raises one that the meta kernel does not. Returns otherwise.
+void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+
+}  // namespace genie::frontend

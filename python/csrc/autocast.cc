@@ -17,6 +17,7 @@ namespace {
 
 // The op lists name ATen's types unqualified (they are written for namespace at).
 using at::IntArrayRef;
+using at::DimnameList;  // named unqualified by some torch releases' AT_FORALL_* lists (2.11)
 using at::Scalar;
 using at::ScalarType;
 using at::Tensor;

@@ -78,9 +78,10 @@ class EmbeddedNode:
         args = [self.binary, "--listen", "127.0.0.1:0", "--device", self.device, "--auth-token-file", self._token_file]
         # Operator libraries this process loaded (torchvision's ops, through torch.ops.load_library
         # when torchvision is imported): the node loads them too, so graphs may name their ops.
-        # A library loaded after the node started is not seen by it (its ops: UnknownOp).
+        # A library loaded after the node started is not seen by it (its ops: UnknownOp), nor is
+        # one the node cannot load (one that needs libtorch_python: the node warns).
         for library in sorted(torch.ops.loaded_libraries):
-            args += ["--load-library", library]
+            args += ["--try-load-library", library]
         # The node's stdin is a pipe only this process writes to: when this process ends in any
         # way (killed by a signal included), the pipe closes and the node shuts itself down.
         args += ["--watch-fd", "0"]

@@ -34,7 +34,9 @@ def to_copy(func, args, kwargs):
             if moved is not None:
                 progress.moved(src, target)
                 return moved
-        cpu = src.cpu() if _C.is_lazy(src) else src
+        # A lazy tensor of another node (no node-to-node path) or a tensor of a local GPU: through
+        # this host's memory (the client sends host memory only).
+        cpu = src.cpu() if _C.is_lazy(src) or src.device.type != "cpu" else src
         converted = _host_conversion(cpu, kwargs)
         # Keyed by the source's host bytes when nothing was converted (tied weights upload once).
         uploaded = runtime_for(target).upload_tensor(converted, residency_of(src),
@@ -174,7 +176,9 @@ def copy(func, args, kwargs):
             moved = _node_to_node(src, dst.device, {})
             if moved is not None:
                 return record_op(aten.copy_.default, (dst, moved), {})
-        cpu = src.cpu() if _C.is_lazy(src) else src
+        # A lazy tensor of another node (no node-to-node path) or a tensor of a local GPU: through
+        # this host's memory (the client sends host memory only).
+        cpu = src.cpu() if _C.is_lazy(src) or src.device.type != "cpu" else src
         runtime_of(dst).copy_from_host(dst, cpu, residency_of(src))
         return dst
     # Device to host: materialize, then copy locally.

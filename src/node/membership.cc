@@ -1,7 +1,9 @@
 // Cluster membership through etcd leases: the v3 JSON gateway over libcurl (membership.h).
 #include "membership.h"
 
+#if GENIE_WITH_ETCD
 #include <curl/curl.h>
+#endif
 
 #include <array>
 #include <mutex>
@@ -81,10 +83,12 @@ Result<int64_t> int64Field(const json& object, const char* name, int64_t fallbac
   return GENIE_ERROR(kInvalidMessage, "etcd's answer has a field '{}' that is not an integer: {}", name, it->dump());
 }
 
+#if GENIE_WITH_ETCD
 size_t appendBody(char* data, size_t size, size_t count, void* body) {
   static_cast<std::string*>(body)->append(data, size * count);
   return size * count;
 }
+#endif
 
 }  // namespace
 
@@ -119,6 +123,7 @@ Result<NodeRecord> decodeNodeRecord(std::string_view text) {
 
 // ---- EtcdClient ----------------------------------------------------------------------------
 
+#if GENIE_WITH_ETCD
 Result<std::unique_ptr<EtcdClient>> EtcdClient::create(std::string url, std::chrono::milliseconds timeout) {
   while (!url.empty() && url.back() == '/') url.pop_back();
   if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0) {
@@ -173,6 +178,21 @@ Result<std::string> EtcdClient::post(std::string_view path, const std::string& b
   if (grpc_code == 5) return GENIE_ERROR(kNotFound, "etcd at {}: POST {}: {}", url_, path, message);
   return GENIE_ERROR(kRemote, "etcd at {}: POST {}: HTTP {}: {}", url_, path, status, message);
 }
+#else  // GENIE_WITH_ETCD: a build without libcurl refuses --etcd with a clear error
+Result<std::unique_ptr<EtcdClient>> EtcdClient::create(std::string url, std::chrono::milliseconds timeout) {
+  return GENIE_ERROR(kUnsupported, "etcd at {}: this genie-node was built without etcd membership "
+                     "(GENIE_WITH_ETCD=OFF: libcurl was not at hand)", url);
+}
+
+EtcdClient::EtcdClient(std::string url, std::chrono::milliseconds timeout, void* curl)
+    : url_(std::move(url)), timeout_(timeout), curl_(curl) {}
+
+EtcdClient::~EtcdClient() = default;
+
+Result<std::string> EtcdClient::post(std::string_view path, const std::string& body) {
+  return GENIE_ERROR(kUnsupported, "etcd at {}: POST {}: built without etcd membership (GENIE_WITH_ETCD=OFF)", url_, path);
+}
+#endif  // GENIE_WITH_ETCD
 
 Result<int64_t> EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   auto answer = post("/v3/lease/grant", json{{"TTL", ttl.count()}}.dump());

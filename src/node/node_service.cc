@@ -113,6 +113,7 @@ struct NodeService::Impl : NodeContext {
 
   Impl(const NodeConfig& c, c10::Device d)
       : NodeContext(d, c.memory_limit, c.session_memory_limit, c.compile), config(c) {
+    idle_poll = c.idle_poll;
     peer_transport = c.transport;
     peer_client_name = c.name + " (node to node)";
   }
@@ -362,7 +363,21 @@ Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config
     return GENIE_ERROR(kInvalidArgument, "--device {}: this machine has no CUDA device", config.device);
   }
   if (sodium_init() < 0) return GENIE_ERROR(kInternal, "libsodium could not be initialized");
-  auto impl = std::make_unique<Impl>(config, device);
+  NodeConfig effective = config;
+  if (effective.memory_limit == 0 && !device.is_cpu()) {
+    // A GPU node without --memory-limit: 90 % of the device's free memory at start, the rest
+    // left to the CUDA context's own needs (cuBLAS workspaces, the caching allocator's
+    // rounding), so that a session over it gets Genie's OutOfMemory before the device's.
+    try {
+      auto [free, total] = c10::getDeviceAllocator(device.type())->getMemoryInfo(device.has_index() ? device.index() : 0);
+      effective.memory_limit = free / 10 * 9;
+      GENIE_LOG_INFO("memory limit {} bytes: 90 % of {}'s {} free bytes of {} at start (--memory-limit sets it)",
+                     effective.memory_limit, device.str(), free, total);
+    } catch (const c10::Error& e) {
+      GENIE_LOG_WARN("the free memory of {} is not known ({}): no memory limit", device.str(), e.what_without_backtrace());
+    }
+  }
+  auto impl = std::make_unique<Impl>(effective, device);
   if (!config.auth_token.empty()) impl->token_digest = digestOf(config.auth_token);
   transport::WorkerConfig transport = config.transport;
   transport.name = config.name;

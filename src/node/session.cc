@@ -1,7 +1,10 @@
 #include "session.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -163,15 +166,23 @@ void Session::stop() {
 void Session::run() {
   pthread_setname_np(pthread_self(), "genie-session");  // else it inherits its creator's name
   reportMemoryOfThisThread();
+  // On a GPU every request of this session runs on one stream of the device's pool (PyTorch's
+  // 32 per device, round robin), current on this thread for the session's life: one session's
+  // uploads and downloads (copies that synchronize their own stream only) overlap another's
+  // kernels, where the device's default stream would serialize them. Reads back to host
+  // (`.cpu()`) synchronize this stream; node-to-node sends read on this thread too.
+  std::optional<c10::StreamGuard> stream;
+  if (!node.device.is_cpu()) {
+    try {
+      stream.emplace(c10::impl::VirtualGuardImpl(node.device.type()).getStreamFromGlobalPool(node.device));
+    } catch (const c10::Error& e) {  // a device type without streams: its current stream
+      GENIE_LOG_DEBUG("session {}: no stream of its own on {}: {}", wire::toString(id_), node.device.str(),
+                      e.what_without_backtrace());
+    }
+  }
   for (;;) {
     std::optional<InboundMessage> message;
-    if (queued.load(std::memory_order_acquire) == 0 && !stopping.load(std::memory_order_acquire)) {
-      // Lead: wait for the next request by driving the worker (kSessionLeaderPoll).
-      node.worker->drive(
-          {},
-          [this] { return queued.load(std::memory_order_acquire) != 0 || stopping.load(std::memory_order_acquire); },
-          kSessionLeaderPoll, transport::Worker::Takeover::kUnlessAnotherCaller);
-    }
+    if (queued.load(std::memory_order_acquire) == 0 && !stopping.load(std::memory_order_acquire)) lead();
     bool attached = false;  // a put of another node's connection attached to this session
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -187,6 +198,10 @@ void Session::run() {
       handleAttached(*message);
       continue;
     }
+    if (idle_since_ != Clock::time_point{}) {
+      const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - idle_since_);
+      last_gap_ = gap <= node.idle_poll ? gap : std::chrono::microseconds(0);
+    }
     // Verified on the progress thread; the header bytes are the message's own.
     const wire::Message* msg = flatbuffers::GetRoot<wire::Message>(message->header().data());
     try {
@@ -194,11 +209,33 @@ void Session::run() {
     } catch (const std::exception& e) {
       node.replyError(*endpoint_, msg->request_id(), wire::requestError(ErrorCode::Internal, e.what()));
     }
+    idle_since_ = Clock::now();
   }
   // The session ends: its connections to other nodes close, everything it held is freed.
   peers.clear();
   tensors.clear();
   GENIE_LOG_INFO("session {} from {} ended; its tensors are freed", wire::toString(id_), endpoint_->peer());
+}
+
+void Session::lead() {
+  // A client whose requests come a few ms apart (a decode loop: it records the next step
+  // meanwhile) finds this thread polling rather than asleep, which would cost two wake-ups
+  // per request (the progress thread's, then this one's). The window follows the last gap,
+  // so a client that pauses for longer than node.idle_poll costs 200 µs of polling, not more.
+  auto window = kSessionLeaderPoll;
+  if (last_gap_.count() > 0) window = std::clamp(2 * last_gap_, kSessionLeaderPoll, std::max(node.idle_poll, kSessionLeaderPoll));
+  const auto deadline = Clock::now() + window;
+  auto ready = [this] { return queued.load(std::memory_order_acquire) != 0 || stopping.load(std::memory_order_acquire); };
+  for (;;) {
+    const auto slice_start = Clock::now();
+    const auto slice = std::min<std::chrono::microseconds>(
+        kSessionLeaderPoll, std::chrono::duration_cast<std::chrono::microseconds>(deadline - slice_start));
+    if (slice.count() <= 0) return;
+    node.worker->drive({}, ready, slice, transport::Worker::Takeover::kUnlessAnotherCaller);
+    // A slice that ended early without a request: another thread leads, or needs the worker.
+    if (ready() || Clock::now() - slice_start < slice / 2) return;
+    sched_yield();  // between slices, the core to any thread that has work (2-core hosts)
+  }
 }
 
 Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {

@@ -61,6 +61,8 @@ struct NodeContext {
   CompiledParts compiled;  // genie::call_graph (torch.compile's parts)
   NodeMemory memory;
   const uint64_t session_memory_limit;  // each session's quota, bytes; 0: the node's limit only
+  /// NodeConfig::idle_poll: the longest an idle session thread goes on leading.
+  std::chrono::microseconds idle_poll{0};
   std::shared_ptr<transport::Worker> worker;
   std::atomic<uint64_t> ops_executed{0};
   /// Node-to-node transfers (Stats.peer_*): bytes (headers + payloads) sent to other nodes'
@@ -114,6 +116,10 @@ class Session {
 
  private:
   void run();
+  /// Waits for the next request by driving the worker (leader/followers): 200 µs, or up to
+  /// twice the last gap between requests when it was at most node.idle_poll. Returns early
+  /// when another thread holds or asks for the worker.
+  void lead();
   void handle(transport::InboundMessage& message, const wire::Message& msg);
   Status putTensors(transport::InboundMessage& message, const wire::PutTensors& put);
   void getTensors(uint64_t id, const wire::GetTensors& get);
@@ -149,6 +155,10 @@ class Session {
   std::deque<transport::InboundMessage> attached_queue;  // PutTensors of attached connections
   std::atomic<size_t> queued{0};             // both queues' sizes, readable without the mutex
   std::atomic<bool> stopping{false};         // set under the mutex; the leader reads it without
+  /// When this thread last finished a request, and the gap before the request after it
+  /// (0 when it was longer than node.idle_poll): lead()'s window. Session thread only.
+  std::chrono::steady_clock::time_point idle_since_{};
+  std::chrono::microseconds last_gap_{0};
   TensorStore tensors{node.memory, memory};  // session thread only
   /// A connection to a session of another node (SendTensors), reused by later sends there.
   struct PeerLink {

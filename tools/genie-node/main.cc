@@ -142,6 +142,13 @@ int main(int argc, char** argv) {
                  std::string("the same for one session (its quota; the node's limit still wins)") + kSizeHelp)
       ->envname("GENIE_NODE_SESSION_MEMORY_LIMIT")
       ->capture_default_str();
+  int64_t idle_poll_us = 10000;
+  app.add_option("--idle-poll-us", idle_poll_us,
+                 "µs an idle session thread may go on polling for its next request when its requests come in quick "
+                 "succession (twice the last gap, if at most this); 0: 200 µs after each (docs/node.md 'Threads')")
+      ->envname("GENIE_NODE_IDLE_POLL_US")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   int hello_timeout_ms = 5000;
   app.add_option("--hello-timeout-ms", hello_timeout_ms,
                  "a connection that has not said a successful Hello after this long is closed (ms)")
@@ -164,6 +171,11 @@ int main(int argc, char** argv) {
                  "':'-separated in the environment variable")
       ->envname("GENIE_NODE_LOAD_LIBRARY")
       ->delimiter(':');
+  std::vector<std::string> optional_libraries;
+  app.add_option("--try-load-library", optional_libraries,
+                 "as --load-library, but one that cannot be loaded here (e.g. it needs libtorch_python, as "
+                 "torchvision's _C.so before _C_stable.so) is warned about and left out: its ops are unknown "
+                 "to this node; repeatable");
   int watch_fd = -1;
   app.add_option("--watch-fd", watch_fd,
                  "a file descriptor (a pipe's read end) whose writer owns this node: when every write "
@@ -239,6 +251,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  for (const std::string& library : optional_libraries) {
+    if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      std::fprintf(stderr, "genie-node: warning: --try-load-library %s: %s; its operators are unknown here\n",
+                   library.c_str(), dlerror());
+    }
+  }
   genie::node::defineDeterministicOps();  // genie::deterministic_<op>: what clients record in deterministic mode
   genie::logToStderr("genie-node");
   if (!genie::setLogLevel(log_level)) {
@@ -289,6 +307,7 @@ int main(int argc, char** argv) {
   config.memory_limit = *limit;
   config.session_memory_limit = *session_limit;
   config.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
+  config.idle_poll = std::chrono::microseconds(idle_poll_us);
   config.device = device;
   config.auth_token = token;
 
@@ -315,7 +334,7 @@ int main(int argc, char** argv) {
     }
     genie::wire::StatsArgs node_stats = (*service)->stats();
     record.device = device;
-    record.memory_limit = config.memory_limit;
+    record.memory_limit = node_stats.memory_limit;
     record.memory_total = node_stats.device_total;
     record.version = GENIE_VERSION;
     record.protocol_version = genie::wire::kProtocolVersion;

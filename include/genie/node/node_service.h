@@ -54,6 +54,10 @@ struct NodeConfig {
   std::string auth_token;         // empty: any token is accepted (warned at start)
   /// A connection must say a successful Hello within this long, or it is closed (ms).
   std::chrono::milliseconds hello_timeout{5000};
+  /// How long at most an idle session thread goes on polling for its next request when its
+  /// requests have been coming in quick succession (docs/node.md "Threads"): twice the last
+  /// gap between two of them, if that gap was at most this long. 0: 200 µs after every request.
+  std::chrono::microseconds idle_poll{10000};
   /// Before its Hello succeeded, a connection's message (header + payload) may be at most this
   /// large (bytes); a larger one closes it without its payload being received.
   size_t pre_session_max_bytes = 4096;

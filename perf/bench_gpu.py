@@ -9,7 +9,9 @@ Four parts, each figure beside its baseline measured in the same run on the same
                  ``genie.synchronize()``; best of ``--rounds`` after one warm-up, with the median and
                  the worst, in GB/s (10^9 B/s). ``genie.client_stats()`` confirms that each timed
                  call sent the tensor's bytes. Beside it: a local ``t.to("cuda:0")`` of the same
-                 pageable tensor (the node's own last hop).
+                 pageable tensor (the node's own last hop). On a CUDA node, both of the node's
+                 upload paths (``genie-node --gpu-upload``): ``staged`` (into host memory, then one
+                 copy up) and ``direct`` (UCX writes the device memory), one node each.
   ucx_perftest   the baseline of the upload: UCX's ``ucx_perftest -t tag_bw -m host,cuda`` (host
                  send buffer, CUDA receive buffer), libucx's binary, server and client on loopback,
                  the same sizes; and ``-m host`` (host to host) for reference. Its 'Final:' line's
@@ -252,36 +254,46 @@ def import_genie():
 
 
 def measure_upload(mode: Mode) -> dict:
-    """Per size: Genie's uploads and the local copies, as ``spread``s (see the module docstring)."""
+    """Per size: Genie's uploads and the local copies, as ``spread``s (see the module docstring).
+    On a CUDA node both of the node's upload paths, one node each (``--gpu-upload``, through
+    GENIE_NODE_GPU_UPLOAD): ``staged`` (host memory, then one copy up) and ``direct`` (UCX
+    writes device memory)."""
     import torch
 
     genie = import_genie()
     device = "remote_accelerator:0"
-    genie.init()
-    try:
-        node = genie.get_device(0)
-        if torch.device(node.device).type != torch.device(mode.node_device).type:
-            raise RuntimeError(f"the node runs on {node.device!r}, not {mode.node_device!r}: is GENIE_SERVER set?")
-        rows = []
-        for size in mode.sizes:
-            say(f"upload {size_label(size)}: {mode.rounds} rounds after a warm-up")
-            tensor = torch.rand(size // 4)
-            upload_once(tensor, device)
-            local_copy_once(tensor, mode.local_device)
-            uploads = [upload_once(tensor, device) for _ in range(mode.rounds)]
-            short = [sent for _, sent in uploads if sent < size]
-            if short:
-                raise RuntimeError(f"an upload of {size} bytes sent only {min(short)} bytes in its timed window")
-            local = [local_copy_once(tensor, mode.local_device) for _ in range(mode.rounds)]
-            rows.append({"size": size, "genie": spread([s for s, _ in uploads], size),
-                         "bytes_sent_per_upload": statistics.median(sent for _, sent in uploads),
-                         "local_copy": spread(local, size)})
-            say(f"  genie best {rows[-1]['genie']['best_gbps']:.2f} GB/s, local copy best "
-                f"{rows[-1]['local_copy']['best_gbps']:.2f} GB/s")
-            del tensor
-        return {"command": mode.command, "node": {"address": node.address, "device": node.device}, "rows": rows}
-    finally:
-        genie.shutdown()
+    paths = ["staged", "direct"] if torch.device(mode.node_device).type == "cuda" else ["staged"]
+    rows = {size: {"size": size} for size in mode.sizes}
+    node_info = {}
+    for path in paths:
+        os.environ["GENIE_NODE_GPU_UPLOAD"] = path  # the embedded node's environment
+        genie.init()
+        try:
+            node = genie.get_device(0)
+            if torch.device(node.device).type != torch.device(mode.node_device).type:
+                raise RuntimeError(f"the node runs on {node.device!r}, not {mode.node_device!r}: is GENIE_SERVER set?")
+            node_info = {"address": node.address, "device": node.device}
+            key = "genie" if path == "staged" else f"genie_{path}"
+            for size in mode.sizes:
+                say(f"upload {size_label(size)} ({path}): {mode.rounds} rounds after a warm-up")
+                tensor = torch.rand(size // 4)
+                upload_once(tensor, device)
+                uploads = [upload_once(tensor, device) for _ in range(mode.rounds)]
+                short = [sent for _, sent in uploads if sent < size]
+                if short:
+                    raise RuntimeError(f"an upload of {size} bytes sent only {min(short)} bytes in its timed window")
+                rows[size][key] = spread([s for s, _ in uploads], size)
+                rows[size]["bytes_sent_per_upload"] = statistics.median(sent for _, sent in uploads)
+                if path == "staged":
+                    local_copy_once(tensor, mode.local_device)
+                    rows[size]["local_copy"] = spread([local_copy_once(tensor, mode.local_device)
+                                                       for _ in range(mode.rounds)], size)
+                say(f"  genie ({path}) best {rows[size][key]['best_gbps']:.2f} GB/s")
+                del tensor
+        finally:
+            genie.shutdown()
+            os.environ.pop("GENIE_NODE_GPU_UPLOAD", None)
+    return {"command": mode.command, "node": node_info, "paths": paths, "rows": list(rows.values())}
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,21 +522,23 @@ def upload_section(doc: dict) -> list:
              + (f"`{perftest['command']}`" if perftest.get("command") else "ucx_perftest (no result)")
              + ", at the sizes below (its MB/s = 2^20 B/s, converted).", ""]
     by_size = {r["size"]: r for r in upload.get("rows", [])}
-    headers = ["size", "Genie upload GB/s", f"local t.to('{local}') GB/s"] + \
-        [f"ucx_perftest -m {m} GB/s" for m in mems] + [f"Genie / perftest -m {mems[0]}"]
+    direct = "direct" in upload.get("paths", [])
+    headers = ["size", "Genie upload GB/s" + (" (staged)" if direct else "")] + \
+        (["Genie upload GB/s (direct)"] if direct else []) + [f"local t.to('{local}') GB/s"] + \
+        [f"ucx_perftest -m {m} GB/s" for m in mems] + [f"Genie{' direct' if direct else ''} / perftest -m {mems[0]}"]
+
+    def cell(s):
+        return f"{s['best_gbps']:.2f} ({s['median_gbps']:.2f}, {s['worst_gbps']:.2f})" if s else "-"
+
     rows = []
     for size in mode["sizes"]:
-        row = by_size.get(size)
-        genie_cell = local_cell = "-"
-        if row:
-            g, lc = row["genie"], row["local_copy"]
-            genie_cell = f"{g['best_gbps']:.2f} ({g['median_gbps']:.2f}, {g['worst_gbps']:.2f})"
-            local_cell = f"{lc['best_gbps']:.2f} ({lc['median_gbps']:.2f}, {lc['worst_gbps']:.2f})"
+        row = by_size.get(size) or {}
         points = [perftest.get("results", {}).get(m, {}).get(str(size), {}) for m in mems]
         cells = [f"{p['gbps']:.2f}" if "gbps" in p else ("failed" if "error" in p else "-") for p in points]
         base = points[0].get("gbps")
-        rows.append([size_label(size), genie_cell, local_cell, *cells,
-                     f"{row['genie']['best_gbps'] / base:.2f}" if row and base else "-"])
+        best = row.get("genie_direct" if direct else "genie")
+        rows.append([size_label(size), cell(row.get("genie"))] + ([cell(row.get("genie_direct"))] if direct else [])
+                    + [cell(row.get("local_copy")), *cells, f"{best['best_gbps'] / base:.2f}" if best and base else "-"])
     lines += table(headers, rows)
     if upload.get("node"):
         lines += ["", f"Node: {upload['node']['device']} at {upload['node']['address']}; bytes sent per timed upload "

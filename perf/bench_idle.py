@@ -32,8 +32,11 @@ import time
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
-import genie  # noqa: E402
+try:
+    import genie  # installed (pip install -e ., or tools/gpu-check.sh's build-gpu/site)
+except ImportError:
+    sys.path.insert(0, str(ROOT / "python"))
+    import genie
 
 
 def start_node(binary: str, extra: list[str]) -> tuple[subprocess.Popen, str]:

@@ -73,8 +73,8 @@ step() { echo "== gpu-check: $*"; }
 copy_out() {  # on every exit, a failed build's too
   if [ -n "$OUT_DIR" ]; then
     mkdir -p "$OUT_DIR"
-    [ "$MODE" = gpu ] && cp -f docs/perf/gpu.md docs/perf/gpu.json "$OUT_DIR"/ 2>/dev/null
-    cp -f "$LOGS"/*.log "$OUT_DIR"/ 2>/dev/null
+    if [ "$MODE" = gpu ]; then cp -f docs/perf/gpu.md docs/perf/gpu.json "$OUT_DIR"/ 2>/dev/null || true; fi
+    cp -f "$LOGS"/*.log "$OUT_DIR"/ 2>/dev/null || true
   fi
   return 0
 }
@@ -84,6 +84,8 @@ if [ -d "$KIT" ]; then
   step "using $KIT (Debian packages' files, libucx wheel)"
   export PATH="$KIT/usr/bin:$PATH"
   export LD_LIBRARY_PATH="$KIT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LIBRARY_PATH="$KIT/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"  # -lxxhash
+  export CPATH="$KIT/usr/include${CPATH:+:$CPATH}"
   export PKG_CONFIG_PATH="$KIT/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   SITE=/tmp/genie-gpu-site
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$KIT"/wheels/*.whl
@@ -107,8 +109,10 @@ if [ ! -f build-gpu/build.ninja ]; then
     { cat "$LOGS/configure.log"; exit 1; }
 fi
 step "build genie-node, genie-bench and genie._C with CUDA"
-cmake --build build-gpu -j "$(nproc)" --target genie-node genie-bench genie_python 2>&1 | tee "$LOGS/build.log" | grep -E "error|FAILED|warning: .*cuda" || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { tail -50 "$LOGS/build.log"; exit 1; }
+if ! cmake --build build-gpu -j "$(nproc)" --target genie-node genie-bench genie_python >"$LOGS/build.log" 2>&1; then
+  grep -E -B2 -A8 "error|FAILED" "$LOGS/build.log" | tail -60
+  exit 1
+fi
 
 # The package as it would be installed: python/genie with _C and bin/genie-node beside it.
 rm -rf build-gpu/site && mkdir -p build-gpu/site

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/random.h>
@@ -114,6 +115,7 @@ struct NodeService::Impl : NodeContext {
   Impl(const NodeConfig& c, c10::Device d)
       : NodeContext(d, c.memory_limit, c.session_memory_limit, c.compile), config(c) {
     idle_poll = c.idle_poll;
+    direct_device_uploads = c.direct_device_uploads;
     peer_transport = c.transport;
     peer_client_name = c.name + " (node to node)";
   }
@@ -389,6 +391,11 @@ Result<std::unique_ptr<NodeService>> NodeService::start(const NodeConfig& config
   impl->worker->setEndpointErrorHandler([raw](std::shared_ptr<Endpoint> e, Status) { raw->onEndpointError(e); });
   GENIE_RETURN_IF_ERROR(impl->worker->startProgressThread());
   impl->worker->post(reportMemoryOfThisThread);  // it frees replies' tensors
+  if (!device.is_cpu()) {
+    // The device current on the progress thread too (its primary context, for UCX's CUDA
+    // transports receiving into device memory from there).
+    impl->worker->post([device] { c10::impl::VirtualGuardImpl(device.type()).setDevice(device); });
+  }
   auto listener = impl->worker->listen(config.host, config.port, [raw](std::shared_ptr<Endpoint> endpoint) {
     // Until its Hello succeeds: small messages only, and a deadline (docs/security.md).
     endpoint->requireAdmissionFromProgressThread(raw->config.pre_session_max_bytes, raw->config.hello_timeout);

@@ -238,13 +238,13 @@ void Session::lead() {
   }
 }
 
-Status Session::receive(InboundMessage& message, void* destination, size_t bytes) {
+Status Session::receive(InboundMessage& message, void* destination, size_t bytes, transport::MemoryType memory) {
   std::promise<Status> done;
   auto future = done.get_future();
   std::atomic<bool> received{false};
   // Drive the receive from here for a while (the progress thread may be standing aside).
   auto start = [&] {
-    message.receivePayload({destination, bytes}, [&done, &received](Status s) {
+    message.receivePayload({destination, bytes, memory}, [&done, &received](Status s) {
       received.store(true, std::memory_order_release);  // before: set_value may end this frame
       done.set_value(std::move(s));
     });
@@ -308,19 +308,38 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
       return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)));
     }
   }
+  // Payloads land in host memory, then one copy to the device; or, on a CUDA node with direct
+  // uploads, straight in device memory, UCX moving them there (--gpu-upload, docs/node.md).
+  const bool direct = node.device.is_cuda() && node.direct_device_uploads;
+  const c10::Device land = direct ? node.device : c10::Device(c10::kCPU);
+  const auto memory_type = direct ? transport::MemoryType::kCuda : transport::MemoryType::kHost;
   std::vector<at::Tensor> made;
   try {
-    for (uint32_t i = 0; i < slots->size(); ++i) {
-      made.push_back(allocate(*slots->Get(i)->desc(), c10::Device(c10::kCPU)));  // payloads land in host memory
-    }
+    for (uint32_t i = 0; i < slots->size(); ++i) made.push_back(allocate(*slots->Get(i)->desc(), land));
   } catch (const std::exception& e) {
     return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", made.size(), e.what())));
   }
   // Payload: straight into the storage when it is one tensor, else one staging copy.
   if (message.payloadSize() > 0) {
     if (slots->size() == 1 && slots->Get(0)->payload_offset() == 0 && made[0].storage().nbytes() == message.payloadSize()) {
-      Status received = receive(message, storageBytes(made[0]), message.payloadSize());
+      Status received = receive(message, storageBytes(made[0]), message.payloadSize(), memory_type);
       if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
+    } else if (direct) {
+      at::Tensor staging;
+      try {
+        staging = at::empty({static_cast<int64_t>(message.payloadSize())}, at::TensorOptions().dtype(at::kByte).device(land));
+      } catch (const std::exception& e) {
+        return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors: {}", e.what())));
+      }
+      Status received = receive(message, staging.data_ptr(), message.payloadSize(), memory_type);
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
+      for (uint32_t i = 0; i < slots->size(); ++i) {  // device to device, on this session's stream
+        const auto* slot = slots->Get(i);
+        const auto bytes = static_cast<int64_t>(slot->desc()->nbytes());
+        if (bytes == 0) continue;
+        at::from_blob(storageBytes(made[i]), {bytes}, at::TensorOptions().dtype(at::kByte).device(land))
+            .copy_(staging.narrow(0, static_cast<int64_t>(slot->payload_offset()), bytes));
+      }
     } else {
       std::vector<std::byte> staging(message.payloadSize());
       Status received = receive(message, staging.data(), staging.size());
@@ -333,7 +352,7 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
   }
   for (uint32_t i = 0; i < slots->size(); ++i) {
     const auto* slot = slots->Get(i);
-    made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
+    if (!direct) made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
     // Reserved above, each a new storage. A handle named twice in this message fails here.
     if (Status error = tensors.store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
       for (uint32_t j = i; j < slots->size(); ++j) {

@@ -63,6 +63,8 @@ struct NodeContext {
   const uint64_t session_memory_limit;  // each session's quota, bytes; 0: the node's limit only
   /// NodeConfig::idle_poll: the longest an idle session thread goes on leading.
   std::chrono::microseconds idle_poll{0};
+  /// NodeConfig::direct_device_uploads.
+  bool direct_device_uploads = false;
   std::shared_ptr<transport::Worker> worker;
   std::atomic<uint64_t> ops_executed{0};
   /// Node-to-node transfers (Stats.peer_*): bytes (headers + payloads) sent to other nodes'
@@ -132,7 +134,8 @@ class Session {
   void runServingAttached(const std::function<void()>& work);
   /// Runs one PutTensors of an attached connection and answers it there.
   void handleAttached(transport::InboundMessage& message);
-  Status receive(transport::InboundMessage& message, void* destination, size_t bytes);
+  Status receive(transport::InboundMessage& message, void* destination, size_t bytes,
+                 transport::MemoryType memory = transport::MemoryType::kHost);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
                    uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
   /// Binds every graph input: RunGraph.inputs first, then the graph's bound handles.

@@ -149,6 +149,13 @@ int main(int argc, char** argv) {
       ->envname("GENIE_NODE_IDLE_POLL_US")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  std::string gpu_upload = "staged";
+  app.add_option("--gpu-upload", gpu_upload,
+                 "on a CUDA device, where uploads land: staged (host memory, then one copy up) or direct (device "
+                 "memory, UCX moving the bytes through its CUDA transports)")
+      ->envname("GENIE_NODE_GPU_UPLOAD")
+      ->check(CLI::IsMember({"staged", "direct"}))
+      ->capture_default_str();
   int hello_timeout_ms = 5000;
   app.add_option("--hello-timeout-ms", hello_timeout_ms,
                  "a connection that has not said a successful Hello after this long is closed (ms)")
@@ -308,6 +315,7 @@ int main(int argc, char** argv) {
   config.session_memory_limit = *session_limit;
   config.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
   config.idle_poll = std::chrono::microseconds(idle_poll_us);
+  config.direct_device_uploads = gpu_upload == "direct";
   config.device = device;
   config.auth_token = token;
 

@@ -181,11 +181,21 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
     return;
   }
   if (!payload.eager_copy.empty()) {
+    if (dst.memory == MemoryType::kCuda) {  // a small payload UCX delivered in host memory: one copy up
+      done(copyHostToDevice(dst.data, payload.eager_copy.data(), payload.eager_copy.size()));
+      return;
+    }
     std::memcpy(dst.data, payload.eager_copy.data(), payload.eager_copy.size());
     done(Status::ok());
     return;
   }
   if (!payload.rndv) {
+    if (dst.memory == MemoryType::kCuda) {
+      Status copied = copyHostToDevice(dst.data, payload.desc, payload.size);
+      releaseFromProgressThread(worker, payload.desc, payload.generation);
+      done(copied);
+      return;
+    }
     copyEagerFromProgressThread(worker, payload, dst);
     done(Status::ok());
     return;

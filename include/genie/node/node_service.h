@@ -58,6 +58,9 @@ struct NodeConfig {
   /// requests have been coming in quick succession (docs/node.md "Threads"): twice the last
   /// gap between two of them, if that gap was at most this long. 0: 200 µs after every request.
   std::chrono::microseconds idle_poll{10000};
+  /// On a CUDA device: uploads' payloads land straight in device memory, UCX moving them
+  /// (rendezvous through its CUDA transports), instead of in host memory and then one copy up.
+  bool direct_device_uploads = false;
   /// Before its Hello succeeded, a connection's message (header + payload) may be at most this
   /// large (bytes); a larger one closes it without its payload being received.
   size_t pre_session_max_bytes = 4096;

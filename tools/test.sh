@@ -27,5 +27,8 @@ cmake --build build-asan -j "$(nproc)" --target wire_codec_test units_test trans
   bench_smoke_test transport_peer
 UBSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-asan --output-on-failure --timeout 300 -R "Wire|Parse|Ucx"
 
+echo "== The CUDA build (GENIE_WITH_CUDA=ON, build-gpu/) and the GPU tests, which skip without a GPU"
+tools/gpu-check.sh --no-gpu
+
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q tests/python

@@ -17,7 +17,9 @@ namespace {
 
 // The op lists name ATen's types unqualified (they are written for namespace at).
 using at::IntArrayRef;
-using at::DimnameList;  // named unqualified by some torch releases' AT_FORALL_* lists (2.11)
+#if __has_include(<ATen/core/Dimname.h>)  // torch releases with named tensors (2.11) list ops taking them
+using at::DimnameList;
+#endif
 using at::Scalar;
 using at::ScalarType;
 using at::Tensor;

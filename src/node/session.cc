@@ -317,6 +317,12 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
   const bool pinned = node.device.is_cuda() && !direct;
   const c10::Device land = direct ? node.device : c10::Device(c10::kCPU);
   const auto memory_type = direct ? transport::MemoryType::kCuda : transport::MemoryType::kHost;
+  if (!node.device.is_cpu()) {  // which path this transfer takes (--log-level debug)
+    GENIE_LOG_DEBUG("session {}: PutTensors of {} tensor(s), {} payload bytes: {}", wire::toString(id_), slots->size(),
+                    message.payloadSize(),
+                    direct ? fmt::format("UCX writes {} memory", node.device.str())
+                           : fmt::format("staged in page-locked host memory, then copied to {}", node.device.str()));
+  }
   std::vector<at::Tensor> made;
   try {
     for (uint32_t i = 0; i < slots->size(); ++i) made.push_back(allocate(*slots->Get(i)->desc(), land, pinned));

@@ -10,6 +10,7 @@
 //
 // This file and graph_encoder.cc are the extension's only pybind11 + torch translation
 // units (compile time). No spdlog here: torch ships its own fmt (genie/log.h is safe).
+#include <array>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 // pybind11 first: it includes Python.h, which torch's Python headers expect.
@@ -130,9 +131,23 @@ OutgoingTensor outgoingOf(at::Tensor t, const std::string& what) {
   return out;
 }
 
+/// The payload of several tensors as the parts it is sent in: each tensor's storage span at
+/// its PayloadLayout offset, the padding between them read from a zeroed buffer. No copy.
+std::vector<transport::ConstBuffer> payloadParts(std::span<const OutgoingTensor> tensors,
+                                                 std::span<const uint64_t> offsets) {
+  static const std::array<std::byte, wire::kPayloadAlignment> kPadding{};
+  std::vector<transport::ConstBuffer> parts;
+  uint64_t at = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (offsets[i] > at) parts.push_back({kPadding.data(), offsets[i] - at});  // < kPayloadAlignment
+    if (tensors[i].nbytes) parts.push_back({tensors[i].bytes, tensors[i].nbytes});
+    at = offsets[i] + tensors[i].nbytes;
+  }
+  return parts;
+}
+
 /// Lays tensors out in one payload (PayloadLayout offsets) and copies their storage spans
-/// into it. First version: one copy on the sending side (the transport sends one contiguous
-/// payload per message; a gather list would avoid it). Call without the GIL.
+/// into it (small inline inputs of a RunGraph). Call without the GIL.
 std::vector<std::byte> gatherPayload(std::span<const OutgoingTensor> tensors, std::span<const uint64_t> offsets,
                                      uint64_t size) {
   std::vector<std::byte> payload(size);
@@ -280,8 +295,7 @@ class PyClient {
       if (tensors.size() == 1) {  // one tensor: sent straight from its storage
         return live().putTensors(slots, {tensors[0].bytes, tensors[0].nbytes});
       }
-      std::vector<std::byte> payload = gatherPayload(tensors, offsets, layout.size());
-      return live().putTensors(slots, payload);
+      return live().putTensors(slots, payloadParts(tensors, offsets));  // no staging copy
     }));
   }
 
@@ -754,7 +768,7 @@ put(items: list[tuple[bytes, torch.Tensor, int]]) -> None
 Stores CPU tensors on the node in one PutTensors: (16-byte handle, tensor, residency int).
 Any dtype with a wire dtype; shape, strides and storage_offset are kept: the bytes sent are the
 storage span the view needs (storage_offset prefix included). One tensor is sent straight from
-its storage; several are copied into one payload first. Conjugate/negative views are resolved.
+its storage; several from theirs, as one payload (no copy). Conjugate/negative views are resolved.
 Raises TypeError/ValueError (not a CPU strided tensor, bad handle/residency), GenieRemoteError
 (DuplicateHandle, OutOfMemory, TooLarge), GenieConnectionError.
 )doc")

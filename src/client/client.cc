@@ -259,8 +259,11 @@ struct Client::Impl {
   /// the wire format cannot carry) is returned without sending anything. With `while_alive`,
   /// a reply not there after the timeout is waited for again as long as the node answers a
   /// Ping (a run may take longer than the timeout); kTimeout once it answers neither.
+  /// `parts`, when given, is the payload instead of `payload`: sent as their concatenation
+  /// without a copy (Endpoint::sendInParts).
   Result<Reply> call(const std::function<Result<flatbuffers::DetachedBuffer>(uint64_t)>& build,
-                     std::span<const std::byte> payload = {}, bool while_alive = true) {
+                     std::span<const std::byte> payload = {}, bool while_alive = true,
+                     const std::vector<transport::ConstBuffer>& parts = {}) {
     if (closed) return GENIE_ERROR(kCancelled, "the client of {} is closed", peer);
     if (node_left.load()) return goneStatus();
     const uint64_t id = next_request++;
@@ -272,7 +275,12 @@ struct Client::Impl {
       std::lock_guard<std::mutex> lock(pending_mutex);
       pending.emplace(id, waiting);
     }
-    bytes_sent += header.size() + payload.size();
+    size_t payload_bytes = payload.size();
+    if (!parts.empty()) {
+      payload_bytes = 0;
+      for (const transport::ConstBuffer& part : parts) payload_bytes += part.size;
+    }
+    bytes_sent += header.size() + payload_bytes;
     ++messages_sent;
     ++round_trips;
     Status sent_status;
@@ -286,7 +294,11 @@ struct Client::Impl {
     // reply's callback), so neither the request nor the reply crosses a thread, before it
     // sleeps on the condition variable and leaves progress to the progress thread.
     auto send = [&] {
-      endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [sent](Status s) { sent->set_value(s); });
+      if (!parts.empty()) {
+        endpoint->sendInParts(wire::bytesOf(header), parts, [sent](Status s) { sent->set_value(s); });
+      } else {
+        endpoint->send(wire::bytesOf(header), {payload.data(), payload.size()}, [sent](Status s) { sent->set_value(s); });
+      }
     };
     worker->drive(std::ref(send),  // std::ref: no heap copy of the lambda per request
                   [&waiting] { return waiting->done.load(std::memory_order_acquire); }, kReplyPoll);
@@ -448,6 +460,12 @@ Status Client::putTensor(const wire::Handle& handle, const wire::TensorDescArgs&
   slot.desc = desc;
   slot.residency = residency;
   return putTensors({&slot, 1}, bytes);
+}
+
+Status Client::putTensors(std::span<const wire::TensorSlotArgs> slots, std::vector<transport::ConstBuffer> parts) {
+  auto reply = impl_->call([&](uint64_t id) { return wire::buildPutTensors(id, slots); }, {}, true, parts);
+  if (!reply) return reply.status();
+  return Impl::expect(*reply, wire::Body::Ack);
 }
 
 Status Client::putTensors(std::span<const wire::TensorSlotArgs> slots, std::span<const std::byte> payload) {

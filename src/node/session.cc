@@ -82,6 +82,34 @@ at::Tensor travelling(at::Tensor t) {
   return t.contiguous();
 }
 
+/// The parts a multi-tensor payload is received into: each tensor's storage span (`made`, in
+/// host memory) where its slot says, and `gaps` (resized here) for the bytes between and after
+/// them. Nothing when the slots do not lie in the payload in order without overlapping (a
+/// client may lay them out otherwise: the caller stages the payload then).
+std::optional<std::vector<transport::Buffer>> payloadParts(const flatbuffers::Vector<flatbuffers::Offset<wire::TensorSlot>>& slots,
+                                                           const std::vector<at::Tensor>& made, uint64_t payload_size,
+                                                           std::vector<std::byte>& gaps) {
+  uint64_t at = 0, largest_gap = 0;
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    const uint64_t offset = slots.Get(i)->payload_offset();
+    if (offset < at) return std::nullopt;
+    largest_gap = std::max(largest_gap, offset - at);
+    at = offset + slots.Get(i)->desc()->nbytes();
+  }
+  if (at > payload_size) return std::nullopt;
+  gaps.resize(std::max(largest_gap, payload_size - at));
+  std::vector<transport::Buffer> parts;
+  at = 0;
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    const uint64_t offset = slots.Get(i)->payload_offset(), bytes = slots.Get(i)->desc()->nbytes();
+    if (offset > at) parts.push_back({gaps.data(), offset - at});
+    if (bytes > 0) parts.push_back({storageBytes(made[i]), bytes});
+    at = offset + bytes;
+  }
+  if (payload_size > at) parts.push_back({gaps.data(), payload_size - at});
+  return parts;
+}
+
 /// "host:port" (or "[v6]:port") split into host and port; false when it is not one.
 bool splitPeer(std::string_view peer, std::string& host, uint16_t& port) {
   const size_t colon = peer.rfind(':');
@@ -240,12 +268,16 @@ void Session::lead() {
 }
 
 Status Session::receive(InboundMessage& message, void* destination, size_t bytes, transport::MemoryType memory) {
+  return receive(message, std::vector<transport::Buffer>{{destination, bytes, memory}});
+}
+
+Status Session::receive(InboundMessage& message, std::vector<transport::Buffer> parts) {
   std::promise<Status> done;
   auto future = done.get_future();
   std::atomic<bool> received{false};
   // Drive the receive from here for a while (the progress thread may be standing aside).
   auto start = [&] {
-    message.receivePayload({destination, bytes, memory}, [&done, &received](Status s) {
+    message.receivePayloadInParts(std::move(parts), [&done, &received](Status s) {
       received.store(true, std::memory_order_release);  // before: set_value may end this frame
       done.set_value(std::move(s));
     });
@@ -350,6 +382,11 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
         at::from_blob(storageBytes(made[i]), {bytes}, at::TensorOptions().dtype(at::kByte).device(land))
             .copy_(staging.narrow(0, static_cast<int64_t>(slot->payload_offset()), bytes));
       }
+    } else if (std::vector<std::byte> gaps; auto parts = payloadParts(*slots, made, message.payloadSize(), gaps)) {
+      // Each tensor's bytes straight into its storage (UCX's iov), the padding between them
+      // into `gaps`: no staging copy.
+      Status received = receive(message, std::move(*parts));
+      if (!received) return refuse(wire::requestError(ErrorCode::PeerUnreachable, received.message()));
     } else {
       at::Tensor staging;
       try {

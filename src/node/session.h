@@ -136,6 +136,8 @@ class Session {
   void handleAttached(transport::InboundMessage& message);
   Status receive(transport::InboundMessage& message, void* destination, size_t bytes,
                  transport::MemoryType memory = transport::MemoryType::kHost);
+  /// The payload into `parts` in order (host memory, sizes adding up to the payload's).
+  Status receive(transport::InboundMessage& message, std::vector<transport::Buffer> parts);
   void sendTensors(uint64_t id, bool run_result, const std::vector<std::pair<wire::Handle, at::Tensor>>& tensors,
                    uint64_t exec_us, std::span<const wire::TensorSlotArgs> described = {});
   /// Binds every graph input: RunGraph.inputs first, then the graph's bound handles.

@@ -25,7 +25,8 @@ struct Operation {
   std::vector<std::byte> data;           // large-header messages: FlatBuffer + payload
   uint64_t large_header_length = 0;
   std::vector<std::byte> staged;         // CUDA payload copied to host (UCX without CUDA)
-  ConstBuffer payload;                   // sends
+  ConstBuffer payload;                   // sends (a send in parts: data null, the parts' size)
+  std::vector<ucp_dt_iov_t> iov;         // a send in parts: UCX reads it until completion
   Worker* worker = nullptr;              // deferred sends
 };
 
@@ -73,6 +74,7 @@ void recycle(Operation* op) {
   if (op->staged.capacity() != 0) op->staged = {};
   op->large_header_length = 0;
   op->payload = {};
+  op->iov.clear();
   op->worker = nullptr;
   auto& pool = operationPool();
   if (pool.size() < kPoolLimit) {
@@ -190,7 +192,14 @@ void issueSend(Worker& worker, Operation* op) {
   const ConstBuffer payload = op->payload;
   ucp_request_param_t param;
   ucs_status_ptr_t request;
-  if (op->large_header_length == 0) {
+  if (op->large_header_length == 0 && !op->iov.empty()) {  // in parts: UCX's iov datatype
+    param = requestParam(worker, op, nullptr, 0, MemoryType::kHost);
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    param.datatype = ucp_dt_make_iov();
+    request = ucp_am_send_nbx(state.ep, kAmMessage, op->header.data(), op->header.size(), op->iov.data(),
+                              op->iov.size(), &param);
+  } else if (op->large_header_length == 0) {
     param = requestParam(worker, op, payload.data, payload.size, payload.memory);
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -226,6 +235,66 @@ bool trySendNow(ucp_ep_h ep, std::span<const std::byte> header, ConstBuffer payl
 }
 
 }  // namespace
+
+void Endpoint::sendInParts(std::span<const std::byte> header, std::vector<ConstBuffer> parts, Callback done) {
+  if (parts.size() <= 1) return send(header, parts.empty() ? ConstBuffer{} : parts[0], std::move(done));
+  for (const ConstBuffer& part : parts) {
+    if (part.memory != MemoryType::kHost) {
+      done(GENIE_ERROR(kUnsupported, "send to {}: a payload in parts is read from host memory only, not {}",
+                       state_->peer, memoryTypeName(part.memory)));
+      return;
+    }
+  }
+  auto issue = [self = shared_from_this(), copy = std::vector<std::byte>(header.begin(), header.end()),
+                parts = std::move(parts), done = std::move(done)]() mutable {
+    self->sendPartsFromProgressThread(copy, parts, std::move(done));
+  };
+  if (worker_->isProgressThread()) {
+    issue();
+  } else {
+    worker_->post(std::move(issue));
+  }
+}
+
+void Endpoint::sendPartsFromProgressThread(std::span<const std::byte> header, const std::vector<ConstBuffer>& parts,
+                                           Callback&& done) {
+  if (state_->failed.load() || state_->closed.load() || state_->ep == nullptr) {
+    done(checkUsable());
+    return;
+  }
+  size_t total = 0;
+  for (const ConstBuffer& part : parts) total += part.size;
+  ++state_->messages_out;
+  Operation* op = newOperation(std::move(done), "send to", state_);
+  worker_->countSent(header.size() + total);
+  const size_t max_header = worker_->info().max_am_header;
+  if (max_header == 0 || header.size() <= max_header) {
+    op->header.assign(header.begin(), header.end());
+    op->payload = {nullptr, total, MemoryType::kHost};
+    op->iov.reserve(parts.size());
+    for (const ConstBuffer& part : parts) op->iov.push_back({const_cast<void*>(part.data), part.size});
+  } else {  // the FlatBuffer at the front of the data: one copy of everything (rare: huge headers)
+    op->large_header_length = header.size();
+    op->data.resize(header.size() + total);
+    std::memcpy(op->data.data(), header.data(), header.size());
+    size_t at = header.size();
+    for (const ConstBuffer& part : parts) {
+      if (part.size) std::memcpy(op->data.data() + at, part.data, part.size);
+      at += part.size;
+    }
+  }
+  if (worker_->amScope() != nullptr) {
+    worker_->deferFromProgressThread(
+        [](void* arg) {
+          Operation* deferred = static_cast<Operation*>(arg);
+          issueSend(*deferred->worker, deferred);
+        },
+        op);
+    op->worker = worker_.get();
+    return;
+  }
+  issueSend(*worker_, op);
+}
 
 void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback&& done) {
   if (state_->failed.load() || state_->closed.load() || state_->ep == nullptr) {

@@ -104,6 +104,40 @@ void InboundMessage::receivePayload(Buffer dst, Callback done) {
   });
 }
 
+void InboundMessage::receivePayloadInParts(std::vector<Buffer> parts, Callback done) {
+  if (parts.size() == 1) return receivePayload(parts[0], std::move(done));
+  size_t total = 0;
+  for (const Buffer& part : parts) {
+    if (part.memory != MemoryType::kHost) {
+      releasePayload();
+      done(GENIE_ERROR(kUnsupported, "a payload received in parts goes to host memory only, not {}",
+                       memoryTypeName(part.memory)));
+      return;
+    }
+    total += part.size;
+  }
+  if (total != payload_size_) {
+    releasePayload();
+    done(GENIE_ERROR(kInvalidArgument, "payload is {} bytes but the {} receive buffers have {} bytes", payload_size_,
+                     parts.size(), total));
+    return;
+  }
+  if (!payload_.pending()) {
+    done(payload_size_ == 0 ? Status::ok()
+                            : GENIE_ERROR(kInvalidArgument, "payload was already received or released"));
+    return;
+  }
+  Worker& worker = this->worker();
+  if (worker.isProgressThread()) {
+    receivePartsFromProgressThread(worker, endpoint_->state(), takePayload(), std::move(parts), std::move(done));
+    return;
+  }
+  worker.post([endpoint = endpoint_, payload = takePayload(), parts = std::move(parts), done = std::move(done)]() mutable {
+    receivePartsFromProgressThread(endpoint->worker(), endpoint->state(), std::move(payload), std::move(parts),
+                                   std::move(done));
+  });
+}
+
 void InboundMessage::releasePayload() {
   if (!payload_.pending() || !endpoint_) return;
   Worker& worker = this->worker();
@@ -139,7 +173,16 @@ struct ReceiveOp {
   Callback done;
   size_t expected;
   std::shared_ptr<EndpointState> from;  // null if the endpoint closed before the receive
+  std::vector<ucp_dt_iov_t> iov{};      // a receive in parts: UCX reads it until completion
 };
+
+/// Copies `bytes` (eager data) into `parts` in order; their sizes add up to its size.
+void scatter(const std::byte* bytes, const std::vector<Buffer>& parts) {
+  for (const Buffer& part : parts) {
+    if (part.size != 0) std::memcpy(part.data, bytes, part.size);
+    bytes += part.size;
+  }
+}
 
 void onReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
   std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(user_data));
@@ -214,6 +257,40 @@ void InboundMessage::receiveFromProgressThread(Worker& worker, std::shared_ptr<E
     param.memh = region->memh;
   }
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker.ucpWorker(), payload.desc, dst.data, dst.size, &param);
+  if (request == nullptr) {
+    onReceived(nullptr, UCS_OK, payload.size, op);
+  } else if (UCS_PTR_IS_ERR(request)) {
+    onReceived(nullptr, UCS_PTR_STATUS(request), 0, op);
+  }
+}
+
+void InboundMessage::receivePartsFromProgressThread(Worker& worker, std::shared_ptr<EndpointState> from,
+                                                    Payload payload, std::vector<Buffer> parts, Callback done) {
+  if (!payload.eager_copy.empty()) {
+    scatter(payload.eager_copy.data(), parts);
+    done(Status::ok());
+    return;
+  }
+  if (!payload.rndv) {
+    scatter(static_cast<const std::byte*>(payload.desc), parts);
+    releaseFromProgressThread(worker, payload.desc, payload.generation);
+    done(Status::ok());
+    return;
+  }
+  // Rendezvous: UCX moves the bytes straight into each part (its iov datatype).
+  worker.countReceived(payload.size);
+  if (from) noteBulkReceive(*from, payload.size);
+  auto* op = new ReceiveOp{std::move(done), payload.size, std::move(from)};
+  op->iov.reserve(parts.size());
+  for (const Buffer& part : parts) op->iov.push_back({part.data, part.size});
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.recv_am = &onReceived;
+  param.user_data = op;
+  param.datatype = ucp_dt_make_iov();
+  param.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker.ucpWorker(), payload.desc, op->iov.data(), op->iov.size(), &param);
   if (request == nullptr) {
     onReceived(nullptr, UCS_OK, payload.size, op);
   } else if (UCS_PTR_IS_ERR(request)) {

@@ -28,6 +28,7 @@
 
 #include "genie/status.h"
 #include "genie/transport/config.h"
+#include "genie/transport/types.h"
 #include "genie/wire/codec.h"
 
 namespace genie::client {
@@ -129,6 +130,9 @@ class Client {
   /// Stores several tensors in one PutTensors: `slots[i].payload_offset` places tensor i's
   /// storage span (desc's nbytes) in `payload` (wire::PayloadLayout gives the offsets).
   Status putTensors(std::span<const wire::TensorSlotArgs> slots, std::span<const std::byte> payload);
+  /// The same with the payload in `parts` (host memory, in order, their concatenation the
+  /// payload; the gaps between tensors included): sent without a staging copy.
+  Status putTensors(std::span<const wire::TensorSlotArgs> slots, std::vector<transport::ConstBuffer> parts);
   Result<ReturnedTensor> getTensor(const wire::Handle& handle);
   /// Fetches several tensors in one GetTensors, without copying their bytes (TensorBatch).
   Result<TensorBatch> getTensors(std::span<const wire::Handle> handles);

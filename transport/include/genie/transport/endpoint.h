@@ -109,6 +109,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   /// own buffer. Errors via `done`: kPeerUnreachable, kCancelled, kUnsupported (CUDA memory
   /// without CUDA support in this build).
   void send(std::span<const std::byte> header, ConstBuffer payload, Callback done);
+  /// The same with a payload in `parts` (host memory, not copied, each kept valid until
+  /// `done`), sent as one message whose payload is their concatenation (UCX's iov datatype):
+  /// several tensors without a staging copy. Errors as send; kUnsupported for device memory.
+  void sendInParts(std::span<const std::byte> header, std::vector<ConstBuffer> parts, Callback done);
 
   /// RMA: writes `local` to the peer's [remote_address, +local.size) (registered there and
   /// described by `rkey`). Completion means `local` may be reused; call flush() for remote
@@ -141,6 +145,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   ucp_ep_h ucpEp() const { return state_->ep; }
   const std::shared_ptr<EndpointState>& state() const { return state_; }
   void sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback&& done);
+  void sendPartsFromProgressThread(std::span<const std::byte> header, const std::vector<ConstBuffer>& parts,
+                                   Callback&& done);
 
  private:
   void closeFromProgressThread(bool force);

@@ -61,6 +61,11 @@ class InboundMessage {
   /// progress thread. Errors: kInvalidArgument (size), kPeerUnreachable (sender died during
   /// a rendezvous), kUnsupported (CUDA destination without CUDA support).
   void receivePayload(Buffer dst, Callback done);
+  /// Places the payload into `parts` in order (host memory; their sizes must add up to
+  /// payloadSize()): a rendezvous lands in each part directly (UCX's iov datatype), eager data
+  /// is copied into them. For a message carrying several tensors, with no staging buffer.
+  /// Errors as above; kUnsupported for a part not in host memory (one part: any memory).
+  void receivePayloadInParts(std::vector<Buffer> parts, Callback done);
   /// Drops the payload (e.g. the header was invalid). Also done by the destructor.
   void releasePayload();
 
@@ -84,6 +89,8 @@ class InboundMessage {
   Payload takePayload();
   static void receiveFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
                                         Payload payload, Buffer dst, Callback done);
+  static void receivePartsFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
+                                             Payload payload, std::vector<Buffer> parts, Callback done);
   /// Copies eager data UCX kept (host `dst` of the payload's size) and gives it back.
   static void copyEagerFromProgressThread(Worker& worker, const Payload& payload, Buffer dst);
   /// Gives UCX's eager descriptor back (or tells the running callback to).

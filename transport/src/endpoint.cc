@@ -215,6 +215,23 @@ void issueSend(Worker& worker, Operation* op) {
   track(request, op);
 }
 
+/// Issues a prepared send now, or, inside an active-message callback (where UCX only queues
+/// sends that it cannot complete at once: measured, milliseconds on shared memory), right
+/// after the callback.
+void issueNowOrAfterCallback(Worker& worker, Operation* op) {
+  if (worker.amScope() != nullptr) {
+    worker.deferFromProgressThread(
+        [](void* arg) {
+          Operation* deferred = static_cast<Operation*>(arg);
+          issueSend(*deferred->worker, deferred);
+        },
+        op);
+    op->worker = &worker;
+    return;
+  }
+  issueSend(worker, op);
+}
+
 }  // namespace
 
 namespace {
@@ -283,17 +300,7 @@ void Endpoint::sendPartsFromProgressThread(std::span<const std::byte> header, co
       at += part.size;
     }
   }
-  if (worker_->amScope() != nullptr) {
-    worker_->deferFromProgressThread(
-        [](void* arg) {
-          Operation* deferred = static_cast<Operation*>(arg);
-          issueSend(*deferred->worker, deferred);
-        },
-        op);
-    op->worker = worker_.get();
-    return;
-  }
-  issueSend(*worker_, op);
+  issueNowOrAfterCallback(*worker_, op);
 }
 
 void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBuffer payload, Callback&& done) {
@@ -345,19 +352,7 @@ void Endpoint::sendFromProgressThread(std::span<const std::byte> header, ConstBu
     std::memcpy(op->data.data(), header.data(), header.size());
     if (payload.size) std::memcpy(op->data.data() + header.size(), payload.data, payload.size);
   }
-  if (worker_->amScope() != nullptr) {
-    // Inside an active-message callback UCX only queues sends that it cannot complete at
-    // once (measured: milliseconds on shared memory); issue it right after the callback.
-    worker_->deferFromProgressThread(
-        [](void* arg) {
-          Operation* deferred = static_cast<Operation*>(arg);
-          issueSend(*deferred->worker, deferred);
-        },
-        op);
-    op->worker = worker_.get();
-    return;
-  }
-  issueSend(*worker_, op);
+  issueNowOrAfterCallback(*worker_, op);
 }
 
 void Endpoint::put(ConstBuffer local, uint64_t remote_address, std::shared_ptr<RemoteKey> rkey, Callback done) {

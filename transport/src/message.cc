@@ -73,6 +73,10 @@ InboundMessage::Payload InboundMessage::takePayload() {
   return taken;
 }
 
+Status InboundMessage::nothingPending() const {
+  return payload_size_ == 0 ? Status::ok() : GENIE_ERROR(kInvalidArgument, "payload was already received or released");
+}
+
 void InboundMessage::receivePayload(Buffer dst, Callback done) {
   if (dst.size != payload_size_) {
     releasePayload();
@@ -80,11 +84,7 @@ void InboundMessage::receivePayload(Buffer dst, Callback done) {
                      payload_size_, dst.size));
     return;
   }
-  if (!payload_.pending()) {
-    done(payload_size_ == 0 ? Status::ok()
-                            : GENIE_ERROR(kInvalidArgument, "payload was already received or released"));
-    return;
-  }
+  if (!payload_.pending()) return done(nothingPending());
   Worker& worker = this->worker();
   if (worker.isProgressThread()) {
     if (dst.memory == MemoryType::kHost && !payload_.rndv && payload_.desc != nullptr) {
@@ -122,11 +122,7 @@ void InboundMessage::receivePayloadInParts(std::vector<Buffer> parts, Callback d
                      parts.size(), total));
     return;
   }
-  if (!payload_.pending()) {
-    done(payload_size_ == 0 ? Status::ok()
-                            : GENIE_ERROR(kInvalidArgument, "payload was already received or released"));
-    return;
-  }
+  if (!payload_.pending()) return done(nothingPending());
   Worker& worker = this->worker();
   if (worker.isProgressThread()) {
     receivePartsFromProgressThread(worker, endpoint_->state(), takePayload(), std::move(parts), std::move(done));

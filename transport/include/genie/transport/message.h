@@ -87,6 +87,8 @@ class InboundMessage {
     bool pending() const { return desc != nullptr || !eager_copy.empty(); }
   };
   Payload takePayload();
+  /// What a receive of a payload no longer pending completes with: OK for an empty one.
+  Status nothingPending() const;
   static void receiveFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,
                                         Payload payload, Buffer dst, Callback done);
   static void receivePartsFromProgressThread(Worker& worker, std::shared_ptr<struct EndpointState> from,

@@ -379,10 +379,11 @@ def measure_perftest(mode: Mode) -> dict:
 # --------------------------------------------------------------------------------------------
 # Parts 3 and 4: bench_decode.py and bench_models.py, as subprocesses with --json
 
-def run_script(script: str, arguments: list, mode: Mode, json_path: pathlib.Path, timeout: int) -> dict:
-    """Runs perf/<script> with GENIE_EMBEDDED_DEVICE set, echoing its output; returns its JSON
-    document with "command" added. Raises PartFailed (with the document, if any) when it exits
-    non-zero."""
+def run_script(script: str, arguments: list, mode: Mode, json_path: pathlib.Path, timeout: int,
+               summarize) -> dict:
+    """Runs perf/<script> with GENIE_EMBEDDED_DEVICE set, echoing its output; returns
+    ``summarize`` of its JSON document with "command" added. Raises PartFailed (with the
+    summarized document, if any) when it exits non-zero."""
     command = [sys.executable, str(ROOT / "perf" / script), *arguments, "--json", str(json_path)]
     shown = f"GENIE_EMBEDDED_DEVICE={mode.node_device} perf/{script} {shlex.join(arguments)} --json FILE"
     env = dict(os.environ, GENIE_EMBEDDED_DEVICE=mode.node_device, PYTHONUNBUFFERED="1")
@@ -404,19 +405,15 @@ def run_script(script: str, arguments: list, mode: Mode, json_path: pathlib.Path
     doc = json.loads(json_path.read_text()) if json_path.exists() and json_path.stat().st_size else {}
     doc["command"] = shown
     if process.returncode != 0:
-        raise PartFailed(doc, f"{shown} exited with {process.returncode}; its last lines:\n" + "\n".join(tail))
-    return doc
+        raise PartFailed(summarize(doc), f"{shown} exited with {process.returncode}; its last lines:\n" + "\n".join(tail))
+    return summarize(doc)
 
 
 def measure_decode(mode: Mode, folder: pathlib.Path) -> dict:
     tokens, rounds = (8, 3) if mode.quick else (32, 5)
     arguments = ["--tokens", str(tokens), "--rounds", str(rounds), "--local-device", mode.local_device, "--no-plot"]
-    try:
-        doc = run_script("bench_decode.py", arguments, mode, folder / "decode.json", 300 if mode.quick else 900)
-    except PartFailed as failed:
-        failed.result = summarize_decode(failed.result)
-        raise
-    return summarize_decode(doc)
+    return run_script("bench_decode.py", arguments, mode, folder / "decode.json", 300 if mode.quick else 900,
+                      summarize_decode)
 
 
 def summarize_decode(doc: dict) -> dict:
@@ -444,12 +441,8 @@ def measure_models(mode: Mode, folder: pathlib.Path) -> dict:
     arguments = ["--repeat", "2" if mode.quick else "3", "--local-device", mode.local_device, "--no-history"]
     if mode.quick:
         arguments.insert(0, "--quick")
-    try:
-        doc = run_script("bench_models.py", arguments, mode, folder / "models.json", 400 if mode.quick else 1200)
-    except PartFailed as failed:
-        failed.result = summarize_models(failed.result)
-        raise
-    return summarize_models(doc)
+    return run_script("bench_models.py", arguments, mode, folder / "models.json", 400 if mode.quick else 1200,
+                      summarize_models)
 
 
 def summarize_models(doc: dict) -> dict:

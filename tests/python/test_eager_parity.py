@@ -59,10 +59,24 @@ def _t(data, device, **kwargs):
     lambda d: torch.rand([], device=d).index_put([], _t([1.], d), True),
     # nonzero into an out= tensor of another dtype, or on the host
     lambda d: torch.nonzero(_t([1, 0, 1], d), out=torch.empty(0, device=d)),
+    # out= tensors eager's kernels refuse and the meta kernels accept (CPU probe)
+    lambda d: torch.neg(_t(1., d), out=torch.empty(0, dtype=torch.float64, device=d)),  # same dtype required
+    lambda d: torch.floor(_t(1 + 1j, d), out=torch.empty(0, dtype=torch.complex64, device=d)),  # complex floor
+    lambda d: torch.add(_t([1.], d), _t([2.], d), out=torch.empty(0, dtype=torch.int64, device=d)),  # unsafe cast
+    lambda d: torch.cat([_t([1.], d)], out=torch.empty(0, dtype=torch.int64, device=d)),
+    # the meta kernel's error of another class or text than eager's
+    lambda d: _t([1], d).add_(_t([1.5], d)),  # in-place int += float
+    lambda d: torch.addcdiv(_t([1], d), _t([2], d), _t([3], d)),  # integer division
+    # add/sub alpha: the meta kernel raises ValueError (int), or nothing (bool)
+    lambda d: torch.add(_t([1], d), _t([1], d), alpha=1.5),
+    lambda d: torch.add(_t([True], d), _t([True], d), alpha=1.5),
+    lambda d: torch.sub(_t([1.], d), _t([1.], d), alpha=1j),
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
-        "index_put-value-dtype", "index_put-0dim-no-indices", "nonzero-out-dtype"])
+        "index_put-value-dtype", "index_put-0dim-no-indices", "nonzero-out-dtype", "neg-out-dtype",
+        "floor-out-complex", "add-out-unsafe-cast", "cat-out-unsafe-cast", "add_-int-float", "addcdiv-int",
+        "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 
@@ -179,3 +193,18 @@ def test_quantized_tensors_raise_naming_the_feature():
     with pytest.raises(NotImplementedError, match="aten::quantize_per_tensor: quantized tensors .* not supported"):
         torch.quantize_per_tensor(x, 0.1, 5, torch.quint8)
     assert x.tolist() == [1., 1., 1.]
+
+
+def test_out_calls_whose_cpu_errors_depend_on_values_run_on_the_node():
+    """The CPU probe raises only what eager raises whatever the values: an integer division
+    (zero divisors raise on the CPU) and an index_select (index 1 is out of range for a
+    dimension of size 1) with valid values give eager's results."""
+    def run(d):
+        q = torch.empty(0, dtype=torch.int64, device=d)
+        torch.div(_t([7, 9], d), _t([2, 4], d), rounding_mode="floor", out=q)
+        picked = torch.empty(0, dtype=torch.float64, device=d)
+        torch.index_select(_t([[1.], [2.]], d, dtype=torch.float64), 1, _t([0], d), out=picked)
+        return q.cpu(), picked.cpu()
+
+    for got, want in zip(run(DEV), run("cpu")):
+        assert torch.equal(got, want)

@@ -4,7 +4,15 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/result_type.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <algorithm>
+#include <exception>
 #include <functional>
+#include <typeinfo>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -12,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "frontend/lazy_tensor.h"
 #include "frontend/op_facts.h"
 
 namespace genie::frontend {
@@ -205,6 +214,31 @@ void checkClamp(const OpFacts& facts, const torch::jit::Stack& args) {
               where(facts));
 }
 
+// ---- add/sub alpha: aten/src/ATen/native/BinaryOps.h alpha_check ------------------------------
+
+/// add/sub(_)(self, other, alpha) and their out= and Scalar overloads: alpha's kind must suit the
+/// result's dtype (the Python meta kernel raises ValueError, or nothing for bool tensors).
+void checkAlpha(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  if (self == nullptr || args.size() < 3 || !args[2].isScalar()) return;
+  const c10::Scalar alpha = args[2].toScalar();
+  at::ScalarType dtype = self->scalar_type();
+  auto metaLike = [](const at::Tensor& t) {
+    return at::empty(t.sizes(), at::TensorOptions().device(c10::kMeta).dtype(t.scalar_type()));
+  };
+  if (const at::Tensor* other = tensorAt(args, 1)) {
+    dtype = at::result_type(metaLike(*self), isLazy(*other) ? metaLike(*other) : *other);
+  } else if (args[1].isScalar()) {
+    dtype = at::result_type(metaLike(*self), args[1].toScalar());
+  }
+  TORCH_CHECK(!alpha.isBoolean() || dtype == at::kBool, "Boolean alpha only supported for Boolean results.",
+              where(facts));
+  TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype) || alpha.isIntegral(/*includeBool=*/true),
+              "For integral input tensors, argument alpha must not be a floating point number.", where(facts));
+  TORCH_CHECK(at::isComplexType(dtype) || !alpha.isComplex(),
+              "For non-complex input tensors, argument alpha must not be a complex number.", where(facts));
+}
+
 // ---- nonzero.out: aten/src/ATen/native/TensorAdvancedIndexing.cpp nonzero_out_cpu ----------------
 
 void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
@@ -212,6 +246,134 @@ void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
   if (out == nullptr) return;
   TORCH_CHECK(out->scalar_type() == at::kLong, "nonzero: Expected out tensor to have scalar type Long but got scalar type",
               out->scalar_type(), where(facts));
+}
+
+// ---- the CPU probe: eager's own error for a call the meta kernel answers differently -----------
+
+/// The probe's size limit: all its tensors together, bytes.
+constexpr int64_t kProbeBytes = int64_t{64} << 20;
+
+/// A CPU tensor of `t`'s geometry (sizes, strides, storage offset, dtype, conj/neg bits) filled
+/// with `fill`; `t` itself when it is not a LazyTensor (a wrapped number, a CPU scalar).
+at::Tensor cpuOf(const at::Tensor& t, double fill, int64_t& bytes) {
+  if (!t.defined() || !isLazy(t)) return t;
+  int64_t span = 1;
+  for (size_t i = 0; i < t.sizes().size(); ++i) {
+    if (t.sizes()[i] == 0) span = 0;
+    if (span > 0) span += (t.sizes()[i] - 1) * t.strides()[i];
+  }
+  const int64_t elements = t.storage_offset() + span;
+  bytes += elements * static_cast<int64_t>(c10::elementSize(t.scalar_type()));
+  TORCH_CHECK(bytes <= kProbeBytes, "probe too large");
+  at::Tensor base = at::empty({elements}, at::TensorOptions().dtype(t.scalar_type()));
+  base.fill_(fill);
+  at::Tensor cpu = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) cpu.unsafeGetTensorImpl()->_set_conj(true);
+  if (t.is_neg()) cpu.unsafeGetTensorImpl()->_set_neg(true);
+  return cpu;
+}
+
+c10::IValue cpuArg(const c10::IValue& arg, double fill, int64_t& bytes) {
+  if (arg.isTensor()) return cpuOf(arg.toTensor(), fill, bytes);
+  if (arg.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : arg.toTensorList()) out.push_back(cpuOf(t, fill, bytes));
+    return out;
+  }
+  if (arg.isList()) {
+    const auto list = arg.toList();
+    bool tensors = false;
+    for (const c10::IValue& x : list) tensors = tensors || x.isTensor();
+    if (!tensors) return arg;
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& x : list) {
+      const bool defined = x.isTensor() && x.toTensor().defined();
+      out.push_back(defined ? std::optional<at::Tensor>(cpuOf(x.toTensor(), fill, bytes)) : std::nullopt);
+    }
+    return out;
+  }
+  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
+  return arg;
+}
+
+/// Whether the probe may run `op`: it draws no random numbers (the CPU generator must not move),
+/// writes only LazyTensors, and holds no quantized or sparse tensor.
+bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
+  if (facts.seeded) return false;
+  for (size_t i = 0; i < args.size() && i < facts.args.size(); ++i) {
+    if (facts.args[i] == ArgKind::kGenerator && !args[i].isNone()) return false;
+  }
+  for (int w : facts.writes) {
+    if (w >= static_cast<int>(args.size())) return false;
+    const c10::IValue& x = args[w];
+    if (x.isTensor() && x.toTensor().defined() && !isLazy(x.toTensor())) return false;
+  }
+  bool ok = true;
+  auto visit = [&](const at::Tensor& t) {
+    if (t.defined() && (c10::isQIntType(t.scalar_type()) || t.layout() != c10::kStrided)) ok = false;
+  };
+  for (const c10::IValue& x : args) {
+    if (x.isTensor()) visit(x.toTensor());
+    if (x.isTensorList()) {
+      for (const at::Tensor& t : x.toTensorList()) visit(t);
+    }
+  }
+  return ok;
+}
+
+/// One run of `op` on CPU tensors filled with `fill`: the c10::Error it raised, or null (it ran,
+/// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
+std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill) {
+  try {
+    int64_t bytes = 0;
+    torch::jit::Stack stack;
+    stack.reserve(args.size());
+    for (const c10::IValue& arg : args) stack.push_back(cpuArg(arg, fill, bytes));
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::impl::ExcludeDispatchKeyGuard no_python(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      op.callBoxed(stack);
+    } catch (const c10::Error& e) {
+      // A kernel or a dtype the CPU lacks: eager on the node's device may have it.
+      const std::string_view what = e.what_without_backtrace();
+      if (what.find("Could not run") != std::string_view::npos || what.find("not implemented for") != std::string_view::npos) {
+        return nullptr;
+      }
+      return std::current_exception();
+    }
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+/// Eager's error for the call when the CPU raises one whatever the values: the same exception
+/// class and message with tensors of zeros and of ones (an error that depends on the values, an
+/// index out of range or an integer division by zero, differs between the two and is left to
+/// the node). Null when there is none.
+std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  if (!probeable(facts, args)) return nullptr;
+  std::exception_ptr zeros = probeOnce(op, args, 0.0);
+  if (!zeros) return nullptr;
+  std::exception_ptr ones = probeOnce(op, args, 1.0);
+  if (!ones) return nullptr;
+  auto describe = [](const std::exception_ptr& e) -> std::pair<const std::type_info*, std::string> {
+    try {
+      std::rethrow_exception(e);
+    } catch (const c10::Error& error) {
+      return {&typeid(error), error.what_without_backtrace()};
+    }
+  };
+  return describe(zeros) == describe(ones) ? zeros : nullptr;
+}
+
+[[noreturn]] void raiseEager(const std::exception_ptr& error, const OpFacts& facts) {
+  try {
+    std::rethrow_exception(error);
+  } catch (c10::Error& e) {
+    e.add_context("genie: " + facts.name + " on remote_accelerator, checked on the client by its CPU kernel");
+    throw;
+  }
 }
 
 using Check = std::function<void(const OpFacts&, const torch::jit::Stack&)>;
@@ -227,6 +389,10 @@ const std::unordered_map<std::string, Check>& checks() {
       {"aten::index_fill_", checkIndexFill},
       {"aten::clamp", checkClamp},
       {"aten::clamp_", checkClamp},
+      {"aten::add", checkAlpha},
+      {"aten::add_", checkAlpha},
+      {"aten::sub", checkAlpha},
+      {"aten::sub_", checkAlpha},
   };
   return *table;
 }
@@ -239,6 +405,17 @@ void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
   const auto& table = checks();
   const auto it = table.find(name);
   if (it != table.end()) it->second(facts, args);
+}
+
+void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  if (std::exception_ptr error = eagerError(op, facts, args)) raiseEager(error, facts);
+}
+
+void checkOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  const auto& schema = op.schema().arguments();
+  for (int w : facts.writes) {
+    if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) return raiseAsEager(op, facts, args);
+  }
 }
 
 }  // namespace genie::frontend

@@ -26,4 +26,21 @@ struct OpFacts;
 /// the recorder got them), if eager raises one that the meta kernel does not. Returns otherwise.
 void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
+/// Raises eager's own error for the call, when the meta kernel raised another one (or another
+/// class: a Python meta kernel's ValueError where the CPU raises RuntimeError) or none: the
+/// call runs on CPU tensors of the arguments' geometry (at most 64 MiB together), once filled
+/// with zeros and once with ones, and the CPU's error is raised (its class and message, then
+/// "(genie: <op> on remote_accelerator, checked on the client by its CPU kernel)") when both runs
+/// raise it alike: such an error depends on shapes and dtypes only. Returns otherwise, and
+/// without running anything for ops that draw random numbers or touch quantized or sparse
+/// tensors. Errors of kernels the CPU lacks (NotImplementedError, "not implemented for
+/// '<dtype>'") are not eager's on the node's device and are ignored.
+void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+
+/// For an out= call (a keyword-only argument it writes): raiseAsEager. Python meta kernels
+/// check out= arguments by the reference's rule (any safe cast), where eager's kernels may
+/// require the input's dtype (`torch.neg(float32, out=float64)` raises "Found dtype Double but
+/// expected Float") or refuse the op for the dtype (`torch.floor(complex64, out=...)`).
+void checkOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+
 }  // namespace genie::frontend

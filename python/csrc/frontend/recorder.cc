@@ -445,7 +445,19 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       checkAsEager(op, *facts, args);  // eager's errors that the meta kernel does not raise
       auto rule = ruleShapes(op, *facts, args);
       (rule ? g_rule : g_meta).fetch_add(1, std::memory_order_relaxed);
-      inferred = rule ? std::move(*rule) : metaShapes(op, *facts, args);
+      if (rule) {
+        inferred = std::move(*rule);
+      } else {
+        try {
+          inferred = metaShapes(op, *facts, args);
+        } catch (const NeedsNode&) {
+          throw;
+        } catch (...) {
+          raiseAsEager(op, *facts, args);  // the CPU kernel's error where it raises one alike
+          throw;                           // else the meta kernel's
+        }
+        checkOut(op, *facts, args);
+      }
       refuseQuantized(*facts, args, *inferred);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)

@@ -94,8 +94,9 @@ class LazyTensor(torch.Tensor):
 
     @property
     def data(self) -> "LazyTensor":
-        """The same value, outside autograd (as `Tensor.data`)."""
-        return self.detach()
+        """The same value, outside autograd, with a version counter of its own (as
+        `Tensor.data`: in-place changes through it do not bump this tensor's version)."""
+        return torch._C.TensorBase.data.__get__(self)
 
     @data.setter
     def data(self, new: "LazyTensor") -> None:

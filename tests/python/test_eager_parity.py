@@ -71,12 +71,17 @@ def _t(data, device, **kwargs):
     lambda d: torch.add(_t([1], d), _t([1], d), alpha=1.5),
     lambda d: torch.add(_t([True], d), _t([True], d), alpha=1.5),
     lambda d: torch.sub(_t([1.], d), _t([1.], d), alpha=1j),
+    # resize_ past int64: bytes, elements, strides (the meta kernel checks none)
+    lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([2, 4, 2**29, 2**29]),
+    lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([8, 8, 2**29, 2**29]),
+    lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([0, 4, 2**61]),
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
         "index_put-value-dtype", "index_put-0dim-no-indices", "nonzero-out-dtype", "neg-out-dtype",
         "floor-out-complex", "add-out-unsafe-cast", "cat-out-unsafe-cast", "add_-int-float", "addcdiv-int",
-        "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha"])
+        "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha", "resize_-bytes-overflow",
+        "resize_-numel-overflow", "resize_-stride-overflow"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 
@@ -208,3 +213,20 @@ def test_out_calls_whose_cpu_errors_depend_on_values_run_on_the_node():
 
     for got, want in zip(run(DEV), run("cpu")):
         assert torch.equal(got, want)
+
+
+def test_version_counters_follow_eager():
+    """`.data` has a version counter of its own (gradcheck perturbs inputs through it), views
+    and `detach()` share their base's; in-place ops bump them as on the CPU."""
+    def versions(d):
+        x = torch.randn(3, 4, device=d, dtype=torch.double, requires_grad=True)
+        data = x.data
+        entry = data[0, 1]
+        entry.add_(1)
+        entry.copy_(entry + 1)
+        detached = x.detach()
+        view = detached[1]
+        view.mul_(2)
+        return x._version, data._version, entry._version, detached._version, view._version
+
+    assert versions(DEV) == versions("cpu") == (1, 2, 2, 1, 1)

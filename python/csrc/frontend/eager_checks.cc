@@ -3,7 +3,9 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/empty_strided.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <typeinfo>
 #include <optional>
 #include <sstream>
@@ -239,6 +242,34 @@ void checkAlpha(const OpFacts& facts, const torch::jit::Stack& args) {
               "For non-complex input tensors, argument alpha must not be a complex number.", where(facts));
 }
 
+// ---- resize_: aten/src/ATen/native/Resize.cpp, c10/core/TensorImpl.cpp empty_tensor_restride ----
+
+/// resize_(self, size, memory_format): the byte size and the contiguous strides of `size` must
+/// fit in int64 (the meta kernel does not check either).
+void checkResize(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  if (self == nullptr || args.size() < 2 || !args[1].isIntList()) return;
+  const std::vector<int64_t> sizes = args[1].toIntVector();
+  // TensorImpl::set_sizes_contiguous: the element count, the strides, then the bytes.
+  uint64_t numel = 1;
+  for (int64_t s : sizes) {
+    TORCH_CHECK(!c10::mul_overflows(numel, static_cast<uint64_t>(std::max<int64_t>(s, 0)), &numel) &&
+                    numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                "numel: integer multiplication overflow", where(facts));
+  }
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 1;) {
+    TORCH_CHECK(!c10::mul_overflows(stride, std::max<int64_t>(sizes[i], 1), &stride), "Stride calculation overflowed",
+                where(facts));
+  }
+  try {
+    at::detail::computeStorageNbytesContiguous(sizes, self->dtype().itemsize());
+  } catch (c10::Error& e) {
+    e.add_context(where(facts).substr(2, where(facts).size() - 3));
+    throw;
+  }
+}
+
 // ---- nonzero.out: aten/src/ATen/native/TensorAdvancedIndexing.cpp nonzero_out_cpu ----------------
 
 void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
@@ -389,6 +420,7 @@ const std::unordered_map<std::string, Check>& checks() {
       {"aten::index_fill_", checkIndexFill},
       {"aten::clamp", checkClamp},
       {"aten::clamp_", checkClamp},
+      {"aten::resize_", checkResize},
       {"aten::add", checkAlpha},
       {"aten::add_", checkAlpha},
       {"aten::sub", checkAlpha},

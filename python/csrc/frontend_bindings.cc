@@ -514,6 +514,12 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
     frontend::LockGuard lock;
     lazyOf(t, "rebind").rebind(value);
   }, "rebind(tensor, value): the LazyTensor holds `value` from now on (an in-place result on its storage).");
+  m.def("share_storage", [](py::handle t, py::handle owner) {
+    auto& impl = lazyOf(t, "share_storage");
+    const auto& other = lazyOf(owner, "share_storage");
+    impl.set_storage_keep_dtype(other.storage());
+  }, "share_storage(tensor, owner): the LazyTensor's storage becomes `owner`'s (aten::set_ onto a storage): "
+     "untyped_storage() then names one storage for both, as on any device.");
   m.def("set_geometry", [](py::handle t, std::vector<int64_t> shape, std::vector<int64_t> strides, int64_t offset) {
     auto& impl = lazyOf(t, "set_geometry");
     frontend::Desc d;

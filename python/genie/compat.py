@@ -14,6 +14,7 @@ import torch
 
 from . import _C
 from .graph import op_name
+from .lazy import storage_owner
 from .recorder import record_op
 
 aten = torch.ops.aten
@@ -37,15 +38,44 @@ def _nested_tensor_from_mask(func, args, kwargs):
         "enable_nested_tensor=False, or keep mask_check=True (the default)")
 
 
-def _storage_access(func, args, kwargs):
-    """aten::set_ onto a storage: what PyTorch does for element access to a storage itself
-    (`untyped_storage()[i]`, `.tolist()`, `.cpu()`, `.fill_()`, `.copy_()`). A remote_accelerator
-    storage has a device address but no host-visible bytes, and graphs carry tensors, not
-    storages."""
-    raise NotImplementedError(
-        f"{op_name(func)}: a remote_accelerator storage cannot be read or written as a storage "
-        "(untyped_storage()[i], .tolist(), .cpu(), .fill_(), .copy_()); use the tensor instead, "
-        "e.g. tensor.cpu().untyped_storage()")
+def _set_storage(func, args, kwargs):
+    """aten::set_ onto a storage (`x.set_(y.untyped_storage(), offset, size, stride)`, and what
+    PyTorch does for element access to a storage: `untyped_storage()[i]`, `.tolist()`, `.cpu()`):
+    `x` becomes a view of the storage's value on the node, `as_strided` on the tensor that spans
+    it (viewed as `x`'s dtype), and shares its storage. The storage must come from
+    `untyped_storage()` (or `storage()`) of a live tensor on `x`'s device; NotImplementedError
+    otherwise (a storage has a device address but no host-visible bytes, and graphs carry
+    tensors, not storages)."""
+    self, source = args[0], args[1]
+    rest = dict(zip(("storage_offset", "size", "stride"), args[2:]), **kwargs)
+    owner = storage_owner(source) if _C.is_lazy(self) else None
+    if owner is not None and owner.device == self.device and owner.dtype != self.dtype:
+        try:  # the storage's bytes as elements of self's dtype (a storage's .cpu() reads them as uint8)
+            with torch.no_grad():
+                owner = aten.view.dtype(owner.detach(), self.dtype)
+        except RuntimeError:
+            owner = None
+    if owner is None or owner.device != self.device:
+        raise NotImplementedError(
+            f"{op_name(func)}: remote_accelerator can set a tensor onto a storage only from untyped_storage() of a "
+            "live tensor on its device whose elements can be viewed as its dtype (a storage has no host-visible "
+            "bytes); use the tensor instead, e.g. tensor.cpu().untyped_storage()")
+    itemsize = self.element_size()
+    if "size" in rest:
+        offset, size = rest["storage_offset"], list(rest["size"])
+        stride = list(rest.get("stride") or [])
+    else:
+        offset, size, stride = 0, [source.nbytes() // itemsize], []
+    if not stride:
+        stride = [1] * len(size)
+        for i in range(len(size) - 2, -1, -1):
+            stride[i] = stride[i + 1] * max(size[i + 1], 1)
+    with torch.no_grad():
+        view = aten.as_strided.default(owner.detach(), size, stride, offset)
+    _C.rebind(self, _C.lazy_value(view))
+    _C.set_geometry(self, size, stride, offset)
+    _C.share_storage(self, owner)
+    return self
 
 
 def _indices(func, args, kwargs):
@@ -180,8 +210,8 @@ HANDLERS = {
     aten._pack_padded_sequence.default: _pack_padded_sequence,
     aten._pad_packed_sequence.default: _pad_packed_sequence,
     aten.ctc_loss.Tensor: _ctc_loss_host_lengths,
-    aten.set_.source_Storage: _storage_access,
-    aten.set_.source_Storage_storage_offset: _storage_access,
+    aten.set_.source_Storage: _set_storage,
+    aten.set_.source_Storage_storage_offset: _set_storage,
 }
 # Handled here only when an index is a host tensor, a uint8 mask or a mask of a put (see _indices);
 # the C++ recorder records the rest.

@@ -19,12 +19,26 @@ kernels. It is recursive, and waits with the GIL released.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from . import _C
 from .graph import Value
 
 lock = _C.process_lock
+
+# Storages handed out by `untyped_storage()` (and `storage()`, which calls it), by device
+# address: a weak reference to the tensor that spans it (the view's base, else the tensor).
+# aten::set_ onto a storage (genie.compat) finds the value it holds through it.
+_storage_owners: dict[int, weakref.ref] = {}
+
+
+def storage_owner(storage) -> "LazyTensor | None":
+    """The live LazyTensor whose storage `storage` (a torch.UntypedStorage on remote_accelerator)
+    is, if `untyped_storage()` handed it out; None otherwise."""
+    ref = _storage_owners.get(storage.data_ptr())
+    return None if ref is None else ref()
 
 
 class LazyTensor(torch.Tensor):
@@ -91,6 +105,20 @@ class LazyTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         text = repr(self.cpu())
         return text[:-1] + f", device='{self.device}')"
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The storage, as torch.Tensor.untyped_storage; remembered (weakly) with the tensor that
+        spans it, so that `other.set_(storage, ...)` can view the same value."""
+        storage = super().untyped_storage()
+        owner = self._base if self._base is not None else self
+        key = storage.data_ptr()
+        ref = _storage_owners.get(key)
+        if ref is None or ref() is None:
+            def forget(dead, key=key):
+                if _storage_owners.get(key) is dead:
+                    del _storage_owners[key]
+            _storage_owners[key] = weakref.ref(owner, forget)
+        return storage
 
     @property
     def data(self) -> "LazyTensor":

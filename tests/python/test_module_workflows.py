@@ -221,9 +221,32 @@ def test_storages_have_device_addresses_shared_by_views():
     assert view.data_ptr() - x.data_ptr() == 2 * x.element_size()
     ends = sorted([(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in (x, y)])
     assert ends[0][1] <= ends[1][0]
-    with pytest.raises(NotImplementedError, match="cannot be read or written as a storage"):
-        x.untyped_storage().tolist()
+    # Reading the storage itself views its value on the node (aten::set_ onto the storage)
+    assert x.untyped_storage().tolist() == torch.arange(8.0).untyped_storage().tolist()
+    assert view.untyped_storage().cpu().tolist() == torch.arange(8.0).untyped_storage().tolist()
     assert view.tolist() == list(range(2, 8))  # the pending work is intact
+
+
+def test_set_onto_a_storage_views_its_value():
+    """`x.set_(y.untyped_storage(), offset, size, stride)` makes x a view of y's value: reads
+    match eager, writes through x reach y, and both name one storage."""
+    def run(d):
+        reference = torch.arange(10.0).to(d)
+        strided = torch.tensor((), device=d)
+        strided.set_(reference.untyped_storage(), 0, torch.Size([4]), [2])
+        picked = strided[[1, 2]].cpu()
+        strided.set_(reference.untyped_storage(), storage_offset=4, size=torch.Size([2]), stride=[4])
+        strided.mul_(10)
+        same = strided.untyped_storage().data_ptr() == reference.untyped_storage().data_ptr()
+        whole = torch.tensor((), device=d).set_(reference.untyped_storage())
+        return picked, reference.cpu(), same, whole.cpu()
+
+    got, want = run(DEV), run("cpu")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
+    assert got[2] and want[2]
+    gone = torch.ones(3, device=DEV).untyped_storage()  # its tensor is gone
+    with pytest.raises(NotImplementedError, match="live tensor"):
+        torch.tensor((), device=DEV).set_(gone)
 
 
 def test_save_pretrained_from_the_device(tmp_path):

@@ -98,6 +98,16 @@ void LazyTensorImpl::setGeometry(const Desc& desc) {
   TORCH_CHECK(desc.dtype == dtype().toScalarType(), "an out= op changed the dtype of a remote_accelerator tensor (",
               dtype().toScalarType(), " -> ", desc.dtype, ")");
   set_sizes_and_strides(desc.sizes, desc.strides, desc.offset);
+  // A resize that grows past the storage moves it to a new address range, as a resize on the CPU
+  // reallocates: its nbytes stay what the geometry needs (untyped_storage().nbytes(), set_).
+  const size_t nbytes =
+      at::detail::computeStorageNbytes(desc.sizes, desc.strides, c10::elementSize(desc.dtype), desc.offset);
+  if (has_storage() && nbytes > storage().nbytes()) {
+    c10::Storage grown = newDeviceStorage(nbytes, device());
+    c10::StorageImpl* impl = storage().unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(std::move(grown.unsafeGetStorageImpl()->mutable_data_ptr()));
+    impl->set_nbytes(nbytes);
+  }
 }
 
 LazyTensorImpl* lazyImpl(const at::Tensor& tensor) {

@@ -25,6 +25,9 @@ void bindDispatchKernel(py::module_& m);
 /// Node, Value, Storage, Recording, Cut, the LazyTensor state functions and the process lock
 /// (frontend_bindings.cc).
 void bindFrontend(py::module_& m);
+/// sparse_set_parts, and the SparsePrivateUse1 kernels of PyTorch's device-generic sparse COO
+/// functions (sparse.cc).
+void bindSparse(py::module_& m);
 /// The operator of an OpOverload (torch.ops.aten.add.Tensor), found by its schema's name;
 /// ValueError when none is registered (frontend_bindings.cc).
 c10::OperatorHandle operatorOf(py::handle func);

@@ -114,6 +114,12 @@ c10::IValue nodeArg(py::handle obj, const c10::Argument& argument) {
     }
   }
   if (obj.is_none()) return c10::IValue();
+  if (kind == c10::TypeKind::TensorType) {  // a Python number for a tensor: a wrapped number, as the recorder keeps it
+    if (PyBool_Check(obj.ptr())) return obj.cast<bool>();
+    if (PyLong_Check(obj.ptr())) return obj.cast<int64_t>();
+    if (PyFloat_Check(obj.ptr())) return obj.cast<double>();
+    if (PyComplex_Check(obj.ptr())) return c10::complex<double>(PyComplex_RealAsDouble(obj.ptr()), PyComplex_ImagAsDouble(obj.ptr()));
+  }
   return torch::jit::toIValue(obj, argument.real_type());
 }
 

@@ -675,6 +675,7 @@ PYBIND11_MODULE(_C, m) {
 
   bindFrontend(m);
   bindDispatchKernel(m);
+  bindSparse(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
   m.def("set_accelerator_hooks", &setAcceleratorHooks, py::arg("hooks"),

@@ -232,15 +232,15 @@ _run_pending = None
 def _special_table():
     """Ops handled in Python, by id: data movement (genie.transfers) and compatibility ops
     (genie.compat)."""
-    table = {**transfers.HANDLERS, **compat.HANDLERS}
+    table = {**transfers.HANDLERS, **compat.HANDLERS, **sparse.HANDLERS}
     return {id(op): handler for op, handler in table.items()}  # by id: hashing an OpOverload runs Python
 
 
-from . import compat, transfers  # noqa: E402 - both record through this module
+from . import compat, sparse, transfers  # noqa: E402 - they record through this module
 
 _SPECIAL = _special_table()
 # The C++ recorder hands these to `dispatch` always; the rest of _SPECIAL (`_to_copy`, `copy_`,
 # advanced indexing) only when they cross the host (python/csrc/frontend/op_facts.h Route).
-_ALWAYS_PYTHON = [op_name(op) for op in (*transfers.HANDLERS, *compat.HANDLERS) if op not in transfers.CONDITIONAL
-                  and op not in compat.CONDITIONAL]
+_ALWAYS_PYTHON = [op_name(op) for op in (*transfers.HANDLERS, *compat.HANDLERS, *sparse.HANDLERS)
+                  if op not in transfers.CONDITIONAL and op not in compat.CONDITIONAL]
 _C.configure_recorder(LazyTensor, dispatch, run_pending, _ALWAYS_PYTHON)

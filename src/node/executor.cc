@@ -1,10 +1,12 @@
 #include "genie/node/executor.h"
 
+#include "genie/torch/sparse_ops.h"
 #include "genie/wire/torch_dtype.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
 #include <ATen/ScalarOps.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
@@ -12,6 +14,7 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <shared_mutex>
 #include <optional>
 #include <string_view>
 
@@ -28,7 +31,23 @@
 //   Its state: a CPU uint8 tensor (Generator::get_state).
 // genie::set_rng_state(Device device, Tensor state) -> ()
 //   Restores a state get_rng_state returned (torch.utils.checkpoint does, to replay dropout).
+namespace {
+
+/// genie::sparse_parts (include/genie/torch/sparse_ops.h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparseParts(const at::Tensor& self) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(self.device());
+  if (self.layout() != c10::kSparse) return {at::empty({0}, longs), self, at::zeros({4}, longs)};
+  std::vector<int64_t> facts_list{1, self.sparse_dim(), self.dense_dim(), int64_t{self.is_coalesced()}};
+  facts_list.insert(facts_list.end(), self.sizes().begin(), self.sizes().end());
+  const at::Tensor facts = at::tensor(facts_list, at::TensorOptions().dtype(at::kLong));
+  return {self._indices(), self._values(), facts.to(self.device())};
+}
+
+}  // namespace
+
 TORCH_LIBRARY(genie, m) {
+  m.def(genie::sparse::kPartsSchema);
+  m.impl("sparse_parts", torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(sparseParts)));
   m.def("manual_seed(Device device, int seed) -> ()", [](c10::Device device, int64_t seed) {
     at::Generator generator = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -49,6 +68,21 @@ TORCH_LIBRARY(genie, m) {
 namespace genie::node {
 
 using wire::Value;
+
+namespace {
+
+/// Held shared by every graph run, exclusively by one that changes the default dtype.
+std::shared_mutex& defaultDtypeMutex() {
+  static std::shared_mutex mutex;
+  return mutex;
+}
+
+/// Restores the default dtype to float32 (the node's) when it goes out of scope.
+struct DefaultDtypeRestore {
+  ~DefaultDtypeRestore() { c10::set_default_dtype(c10::scalarTypeToTypeMeta(at::kFloat)); }
+};
+
+}  // namespace
 
 /// How one schema argument gets its IValue at run time.
 struct BoundArgument {
@@ -440,6 +474,14 @@ Result<std::shared_ptr<const CompiledGraph>> Executor::compile(const wire::Graph
                                                                 schema_arg.name(), bound.slot));
       }
     }
+    if (wire_node.default_dtype() != wire::DType::Undefined) {
+      node.default_dtype = scalarType(wire_node.default_dtype());
+      if (!node.default_dtype || !c10::isFloatingType(*node.default_dtype)) {
+        return fail(wire::ErrorCode::SchemaMismatch,
+                    fmt::format("default dtype {} is not a floating point dtype", wire::dtypeName(wire_node.default_dtype())));
+      }
+      compiled->sets_default_dtype_ = true;
+    }
     next_value += node.num_outputs;
     compiled->nodes_.push_back(std::move(node));
   }
@@ -523,11 +565,23 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
       if (!keep[v]) values[v].reset();
     }
   };
+  // The default dtype is the process's (c10::get_default_dtype): a graph whose ops run with
+  // another one holds every other run off meanwhile, and restores float32 after.
+  std::shared_lock<std::shared_mutex> shared_default(defaultDtypeMutex(), std::defer_lock);
+  std::unique_lock<std::shared_mutex> own_default(defaultDtypeMutex(), std::defer_lock);
+  std::optional<DefaultDtypeRestore> restore_default;
+  if (graph.setsDefaultDtype()) {
+    own_default.lock();
+    restore_default.emplace();
+  } else {
+    shared_default.lock();
+  }
   torch::jit::Stack stack;
   std::vector<at::Tensor> outputs;
   const auto& nodes = graph.nodes();
   for (size_t index = 0; index < nodes.size(); ++index) {
     const CompiledGraph::Node& node = nodes[index];
+    if (restore_default) c10::set_default_dtype(c10::scalarTypeToTypeMeta(node.default_dtype.value_or(at::kFloat)));
     stack.clear();
     stack.reserve(node.arguments.size());
     for (const BoundArgument& arg : node.arguments) {

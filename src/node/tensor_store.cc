@@ -2,11 +2,28 @@
 
 #include <fmt/format.h>
 
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace genie::node {
+namespace {
+
+std::string layoutName(c10::Layout layout) {
+  std::ostringstream out;
+  out << layout;
+  return out.str();
+}
+
+}  // namespace
 
 Status TensorStore::store(const wire::Handle& handle, at::Tensor tensor, wire::Residency residency, bool reserved) {
+  if (tensor.defined() && tensor.layout() != c10::kStrided) {
+    return wire::requestError(wire::ErrorCode::TorchError,
+                              fmt::format("a {} tensor cannot be kept resident: the node keeps strided tensors "
+                                          "(a sparse COO result travels as its parts, genie::sparse_parts)",
+                                          layoutName(tensor.layout())));
+  }
   if (tensors_.count(handle)) {
     return wire::requestError(wire::ErrorCode::DuplicateHandle,
                               fmt::format("handle {} is already in use", wire::toString(handle)));

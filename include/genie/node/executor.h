@@ -47,6 +47,8 @@ class CompiledGraph {
     std::vector<BoundArgument> arguments;  // one per schema argument, in schema order
     uint32_t num_outputs = 1;
     uint32_t first_output_value = 0;      // value id of its first output
+    /// The default dtype it runs with (wire Node.default_dtype); nullopt: float32.
+    std::optional<c10::ScalarType> default_dtype;
   };
 
   uint32_t numInputs() const { return num_inputs_; }
@@ -59,6 +61,8 @@ class CompiledGraph {
   /// The values (ids) that no later op reads once node `index` has run: its arguments read for
   /// the last time and its outputs no op reads.
   const std::vector<uint32_t>& deadAfter(size_t index) const { return dead_after_[index]; }
+  /// Whether a node runs with a default dtype other than float32.
+  bool setsDefaultDtype() const { return sets_default_dtype_; }
 
  private:
   friend class Executor;
@@ -68,6 +72,7 @@ class CompiledGraph {
   uint32_t num_scalar_inputs_ = 0;
   uint64_t num_values_ = 0;
   std::vector<Node> nodes_;
+  bool sets_default_dtype_ = false;
 };
 
 class Executor {

@@ -98,7 +98,7 @@ namespace {
 enum KeyTag : int64_t {
   kNodeTag = 1, kSkip, kNone, kBool, kInt, kFloat, kDType, kLayout, kMemoryFormat, kComplex, kString, kDevice,
   kIntList, kDoubleList, kBoolList, kTensorList, kInputRef, kOutputRef, kNoTensor, kWeightInput, kHandleInput,
-  kInlineInput
+  kInlineInput, kDefaultDType
 };
 
 int64_t bitsOf(double d) {
@@ -223,6 +223,7 @@ class Lowering {
   void node(const Node& n) {
     const ShownArgs shown(n.schema(), n.args);
     key_.insert(key_.end(), {kNodeTag, reinterpret_cast<int64_t>(&n.schema()), static_cast<int64_t>(n.outputs.size())});
+    if (n.default_dtype != at::kFloat) key_.insert(key_.end(), {kDefaultDType, static_cast<int64_t>(n.default_dtype)});
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (!shown[i]) {
         key_.push_back(kSkip);
@@ -537,8 +538,11 @@ std::string encodeGraph(const std::vector<NodePtr>& nodes, const Lowered& lowere
       args.push_back(wire::CreateArgument(fbb, name, encoder.result.first, encoder.result.second));
     }
     const auto& op_name = node->op.operator_name();
+    const wire::DType default_dtype =
+        node->default_dtype == at::kFloat ? wire::DType::Undefined : wire::wireDTypeOf(node->default_dtype);
     encoded.push_back(wire::CreateNode(fbb, fbb.CreateString(op_name.name), fbb.CreateString(op_name.overload_name),
-                                       fbb.CreateVector(args), static_cast<uint32_t>(node->outputs.size())));
+                                       fbb.CreateVector(args), static_cast<uint32_t>(node->outputs.size()),
+                                       default_dtype));
   }
   auto graph = wire::CreateGraph(fbb, name.empty() ? fb::Offset<fb::String>() : fbb.CreateString(name),
                                  fbb.CreateVector(inputs),

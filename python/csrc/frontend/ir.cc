@@ -1,5 +1,6 @@
 #include "frontend/ir.h"
 
+#include <c10/core/DefaultDtype.h>
 #include <algorithm>
 #include <atomic>
 #include <sstream>
@@ -53,7 +54,7 @@ c10::SmallVector<ValuePtr, 2> makeOutputs(Node* node, c10::ArrayRef<OutputSpec> 
 Node::Node(c10::OperatorHandle op_, const OpFacts& facts_, std::vector<c10::IValue> args_,
            c10::ArrayRef<OutputSpec> specs, std::vector<StoragePtr> writes_, int64_t seq_)
     : op(std::move(op_)), facts(facts_), args(std::move(args_)), outputs(makeOutputs(this, specs)),
-      writes(std::move(writes_)), seq(seq_) {
+      writes(std::move(writes_)), seq(seq_), default_dtype(c10::typeMetaToScalarType(c10::get_default_dtype())) {
   for (const c10::IValue& arg : args) forEachValue(arg, [&](Value* v) { inputs_.push_back(v); });
 }
 

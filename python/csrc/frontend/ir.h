@@ -114,6 +114,8 @@ class Node final : public c10::intrusive_ptr_target {
   const c10::SmallVector<ValuePtr, 2> outputs;
   const std::vector<StoragePtr> writes;
   const int64_t seq;
+  /// torch.get_default_dtype() when it was recorded: the node runs it with that default.
+  const at::ScalarType default_dtype;
 
   /// The Values this node reads, in argument order (a value read twice appears twice).
   c10::ArrayRef<Value*> inputs() const { return inputs_; }

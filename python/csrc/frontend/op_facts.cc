@@ -7,10 +7,14 @@
 
 #include "frontend/ir.h"
 #include "genie/torch/deterministic_ops.h"
+#include "genie/torch/sparse_ops.h"
 
 // The deterministic variants' schemas (genie-node has their kernels): the recorder records one
 // for an op called while torch.use_deterministic_algorithms(True) is in effect.
-TORCH_LIBRARY_FRAGMENT(genie, m) { genie::deterministic::defineVariants(m, nullptr); }
+TORCH_LIBRARY_FRAGMENT(genie, m) {
+  genie::deterministic::defineVariants(m, nullptr);
+  m.def(genie::sparse::kPartsSchema);
+}
 
 namespace genie::frontend {
 namespace {

@@ -212,9 +212,15 @@ bool recordsHere(Route route, const c10::IValue* first, size_t n) {
   }
 }
 
-/// Quantized tensors have no wire form: NotImplementedError naming the op, before it is recorded,
-/// for a call that would make one (a quantized dtype argument or output).
-void refuseQuantized(const OpFacts& facts, const std::vector<c10::IValue>& args, const Shapes& shapes) {
+/// Quantized tensors and outputs of another layout than strided (sparse CSR from
+/// `to_sparse_csr()`: sparse COO takes genie.sparse's path) have no wire form: NotImplementedError
+/// naming the op, before it is recorded, for a call that would make one.
+void refuseUnsupported(const OpFacts& facts, const std::vector<c10::IValue>& args, const Shapes& shapes) {
+  for (const Desc& d : shapes.outputs) {
+    TORCH_CHECK_NOT_IMPLEMENTED(d.layout == c10::kStrided, facts.name, ": ", d.layout,
+                                " tensors are not supported on remote_accelerator; use sparse COO (to_sparse()) or "
+                                "dense tensors");
+  }
   auto refuse = [&](at::ScalarType dtype) {
     TORCH_CHECK_NOT_IMPLEMENTED(false, facts.name, ": quantized tensors (", dtype,
                                 ") are not supported on remote_accelerator; quantize on the host");
@@ -458,7 +464,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
         }
         checkOut(op, *facts, args);
       }
-      refuseQuantized(*facts, args, *inferred);
+      refuseUnsupported(*facts, args, *inferred);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)
     }

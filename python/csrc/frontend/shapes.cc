@@ -28,6 +28,11 @@ Desc Desc::of(const at::Tensor& tensor) {
   Desc d;
   if (!tensor.defined()) return undefined();
   d.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  if (tensor.layout() != c10::kStrided) {  // no strides
+    d.layout = tensor.layout();
+    d.dtype = tensor.scalar_type();
+    return d;
+  }
   d.strides.assign(tensor.strides().begin(), tensor.strides().end());
   d.offset = tensor.storage_offset();
   d.dtype = tensor.scalar_type();
@@ -54,7 +59,7 @@ void Desc::finish() {
 
 bool Desc::operator==(const Desc& o) const {
   return defined == o.defined && sizes == o.sizes && strides == o.strides && offset == o.offset && dtype == o.dtype &&
-         conj == o.conj && neg == o.neg;
+         conj == o.conj && neg == o.neg && layout == o.layout;
 }
 
 namespace {

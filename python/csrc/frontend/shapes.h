@@ -41,6 +41,7 @@ struct Desc {
   bool conj = false;    // the conjugate bit
   bool neg = false;     // the negative bit
   bool contiguous = false;  // default strides for its sizes and offset 0
+  c10::Layout layout = c10::kStrided;  // another layout (sparse): sizes and dtype only, refused by the recorder
 
   static Desc of(const at::Tensor& tensor);
   static Desc undefined();

@@ -427,8 +427,13 @@ def parity(cpu_run: dict, dev_run: dict, device: str) -> dict:
     bad = ("failed", "error", "xpassed")
     dev_bad = {g for g, r in dev_ran.items() if r["outcome"] in bad}
     cpu_bad = {g for g, r in cpu_ran.items() if r["outcome"] in bad}
+    # The tests that ran on the device and pass on the CPU: a test the CPU fails too fails for
+    # the test file's commit not being the installed torch's.
+    cpu_good = set(dev_ran) - cpu_bad
+    rate = round(len(cpu_good - dev_bad) / len(cpu_good), 4) if cpu_good else None
     return {"cpu_ran": len(cpu_ran), "device_ran": len(dev_ran), "device_only_marked": dict(marks),
             "failing_on_device": len(dev_bad), "failing_on_cpu_too": len(dev_bad & cpu_bad),
+            "pass_rate_where_cpu_passes": rate,
             "ran_on_cpu_not_on_device": {k: {"count": v, "example": examples[k]} for k, v in missing.most_common()},
             "ran_on_device_not_on_cpu": len(set(dev_ran) - set(cpu_ran))}
 
@@ -499,9 +504,10 @@ def markdown(meta: dict, files: dict, top: int = 12) -> str:
             "commit (see the sources above); the parity table counts the device's failures that fail on the CPU too.",
             "", "## Parity with the CPU", "",
             "Tests that ran (not skipped) on the CPU and on the device; the device's skips marked onlyCPU and "
-            "onlyCUDA; the CPU's tests that did not run on the device, by reason.", "",
-            "| file | ran on CPU | ran on device | onlyCPU | onlyCUDA | failing on the device (of which failing on the CPU too) | CPU's tests not run on the device |",
-            "|---|---:|---:|---:|---:|---:|---|"]
+            "onlyCUDA; the device's pass rate over the tests it ran that pass on the CPU (a test the CPU fails "
+            "too fails for the test file's commit); the CPU's tests that did not run on the device, by reason.", "",
+            "| file | ran on CPU | ran on device | onlyCPU | onlyCUDA | failing on the device (of which failing on the CPU too) | device pass rate where the CPU passes | CPU's tests not run on the device |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, f in files.items():
         p = f.get("parity")
         if not p:
@@ -510,7 +516,7 @@ def markdown(meta: dict, files: dict, top: int = 12) -> str:
         marks = p["device_only_marked"]
         out.append(f"| {name} | {p['cpu_ran']} | {p['device_ran']} | {marks.get('onlyCPU', 0)} | "
                    f"{marks.get('onlyCUDA', 0)} | {p.get('failing_on_device', '-')} ({p.get('failing_on_cpu_too', '-')}) "
-                   f"| {why} |")
+                   f"| {_rate({'pass_rate': p.get('pass_rate_where_cpu_passes')})} | {why} |")
     out += ["", "## Failures by cause", ""]
     for name, f in files.items():
         for dev, s in f["runs"].items():

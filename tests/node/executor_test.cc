@@ -219,6 +219,29 @@ TEST_F(ExecutorTest, DeviceArgumentsAreRewrittenToTheNodesDevice) {
   EXPECT_TRUE(at::equal(values[ones], at::ones({3}, at::kLong)));
 }
 
+TEST_F(ExecutorTest, NodesRunWithTheDefaultDtypeTheyWereRecordedUnder) {
+  GraphBuilder g;  // integer true division gives the default dtype: float64 for the first op
+  uint32_t x = g.input(DType::Int64, {3});
+  uint32_t wide = g.op("aten::div", "Tensor", {T(x), I(3)});
+  g.defaultDtype(DType::Float64);
+  uint32_t narrow = g.op("aten::div", "Tensor", {T(x), I(3)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::arange(1, 4, at::kLong);
+  auto values = runOrFail(executor, *compiled.graph, {tx});
+  ASSERT_FALSE(values.empty());
+  EXPECT_EQ(values[wide].scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::equal(values[wide], at::arange(1, 4, at::kDouble) / 3));
+  EXPECT_EQ(values[narrow].scalar_type(), at::kFloat);
+  EXPECT_EQ(c10::typeMetaToScalarType(c10::get_default_dtype()), at::kFloat);  // restored after the run
+
+  GraphBuilder bad;  // an integer default dtype is refused
+  uint32_t y = bad.input(DType::Int64, {3});
+  bad.op("aten::div", "Tensor", {T(y), I(3)});
+  bad.defaultDtype(DType::Int64);
+  EXPECT_EQ(codeOf(compileError(executor, bad)), wire::ErrorCode::SchemaMismatch);
+}
+
 TEST_F(ExecutorTest, UnknownOpIsNamedWithItsIndex) {
   GraphBuilder g;
   uint32_t x = g.input(DType::Float32, {2});

@@ -79,11 +79,14 @@ class GraphBuilder {
 
   /// Appends an op; returns the value id of its first output.
   uint32_t op(std::string name, std::string overload, std::vector<Arg> args, uint32_t num_outputs = 1) {
-    nodes_.push_back({std::move(name), std::move(overload), std::move(args), num_outputs});
+    nodes_.push_back({std::move(name), std::move(overload), std::move(args), num_outputs, wire::DType::Undefined});
     uint32_t first = next_value_;
     next_value_ += num_outputs;
     return first;
   }
+
+  /// The last op's Node.default_dtype (the client's torch.get_default_dtype()).
+  void defaultDtype(wire::DType dtype) { nodes_.back().default_dtype = dtype; }
 
   /// Serialized Graph bytes (8-byte aligned storage).
   flatbuffers::DetachedBuffer finish() {
@@ -99,7 +102,7 @@ class GraphBuilder {
       std::vector<flatbuffers::Offset<wire::Argument>> args;
       for (auto& arg : node.args) args.push_back(arg.make(fbb, arg.name));
       nodes.push_back(wire::CreateNode(fbb, fbb.CreateString(node.name), fbb.CreateString(node.overload),
-                                       fbb.CreateVector(args), node.num_outputs));
+                                       fbb.CreateVector(args), node.num_outputs, node.default_dtype));
     }
     auto graph = wire::CreateGraph(fbb, fbb.CreateString("test"), fbb.CreateVector(inputs), num_scalars_,
                                    fbb.CreateVector(nodes));
@@ -112,6 +115,7 @@ class GraphBuilder {
     std::string name, overload;
     std::vector<Arg> args;
     uint32_t num_outputs;
+    wire::DType default_dtype;
   };
   struct InputSpec {
     wire::DType dtype;

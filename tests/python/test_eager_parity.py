@@ -75,13 +75,19 @@ def _t(data, device, **kwargs):
     lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([2, 4, 2**29, 2**29]),
     lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([8, 8, 2**29, 2**29]),
     lambda d: torch.empty((), dtype=torch.float64, device=d).resize_([0, 4, 2**61]),
+    # complex tensors and more than 64 dimensions (CPU probe); heaviside's dtypes
+    lambda d: torch.maximum(_t([1j], d), _t([1.], d)),  # TypeError
+    lambda d: torch.heaviside(_t([1j], d), _t([1.], d)),  # NotImplementedError before the dtype check
+    lambda d: torch.heaviside(_t([1.], d), _t([1], d)),
+    lambda d: torch.ones([1] * 65, device=d).sum(dim=0),
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
         "index_put-value-dtype", "index_put-0dim-no-indices", "nonzero-out-dtype", "neg-out-dtype",
         "floor-out-complex", "add-out-unsafe-cast", "cat-out-unsafe-cast", "add_-int-float", "addcdiv-int",
         "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha", "resize_-bytes-overflow",
-        "resize_-numel-overflow", "resize_-stride-overflow"])
+        "resize_-numel-overflow", "resize_-stride-overflow", "maximum-complex", "heaviside-complex",
+        "heaviside-dtypes", "sum-65-dims"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 
@@ -230,3 +236,32 @@ def test_version_counters_follow_eager():
         return x._version, data._version, entry._version, detached._version, view._version
 
     assert versions(DEV) == versions("cpu") == (1, 2, 2, 1, 1)
+
+
+@pytest.mark.parametrize("op", [torch.std, torch.var, torch.std_mean, torch.var_mean])
+def test_no_degrees_of_freedom_warns_at_the_op(op):
+    def warned(d):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            op(torch.ones(10, 20, device=d), dim=-1, correction=20)
+        return [str(w.message).split(" (Triggered")[0] for w in caught if "degrees of freedom" in str(w.message)]
+
+    assert warned(DEV) and warned(DEV)[0] == warned("cpu")[0]
+
+
+def test_the_default_dtype_applies_on_the_node():
+    """Integer true division and Python floats promote to the default dtype, computed on the node
+    in it (float64 precision, not float32 cast up)."""
+    def run(d):
+        x = torch.arange(1, 4, device=d)
+        return (torch.div(x, 3) * 1e-10 + 1 - 1).cpu(), (x * 0.1).cpu()
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got, want = run(DEV), run("cpu")
+    finally:
+        torch.set_default_dtype(previous)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.float64
+        assert torch.equal(g, w)

@@ -270,6 +270,61 @@ void checkResize(const OpFacts& facts, const torch::jit::Stack& args) {
   }
 }
 
+// ---- heaviside: aten/src/ATen/native/BinaryOps.cpp heaviside's meta function ------------------
+
+/// heaviside(_)(self, values) and heaviside.out: the Python meta kernel accepts complex tensors
+/// and promotes mixed dtypes.
+void checkHeaviside(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  const at::Tensor* values = tensorAt(args, 1);
+  if (self == nullptr || values == nullptr) return;
+  const at::Tensor* out = tensorAt(args, 2);
+  TORCH_CHECK_NOT_IMPLEMENTED(!self->is_complex() && !values->is_complex() && (out == nullptr || !out->is_complex()),
+                              "heaviside is not yet implemented for complex tensors.", where(facts));
+  TORCH_CHECK(self->scalar_type() == values->scalar_type(),
+              "heaviside is not yet implemented for tensors with different dtypes.", where(facts));
+}
+
+// ---- std/var: aten/src/ATen/native/ReduceOps.cpp std_var_out's warning ----------------------
+
+/// std, var, std_mean, var_mean (.default, .dim, .correction): eager warns when the degrees of
+/// freedom (elements per output element, less the correction) are <= 0; the meta kernel does not.
+void warnDegreesOfFreedom(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  if (self == nullptr) return;
+  const std::string_view name = facts.name;
+  const std::string_view overload = name.substr(name.find('.') == std::string_view::npos ? name.size() : name.find('.') + 1);
+  std::optional<std::vector<int64_t>> dims;  // nullopt: every dimension
+  double correction = 1;
+  if (overload == "dim" || overload == "correction") {
+    if (args.size() > 1 && args[1].isIntList()) dims = args[1].toIntVector();
+    if (overload == "dim" && args.size() > 2 && args[2].isBool()) correction = args[2].toBool() ? 1 : 0;
+    if (overload == "correction" && args.size() > 2 && args[2].isScalar()) correction = args[2].toScalar().toDouble();
+  } else if (overload.empty() || overload == "default" || name.find('.') == std::string_view::npos) {
+    if (args.size() > 1 && args[1].isBool()) correction = args[1].toBool() ? 1 : 0;
+  } else {
+    return;  // names overloads: left to the node
+  }
+  const int64_t rank = self->dim();
+  std::vector<bool> reduced(static_cast<size_t>(std::max<int64_t>(rank, 1)), !dims || dims->empty());
+  if (dims) {
+    for (int64_t d : *dims) {
+      if (rank == 0 && (d == 0 || d == -1)) continue;
+      if (d < -rank || d >= rank) return;  // the meta kernel raises eager's error
+      reduced[static_cast<size_t>(d < 0 ? d + rank : d)] = true;
+    }
+  }
+  int64_t out = 1;
+  for (int64_t i = 0; i < rank; ++i) out *= reduced[static_cast<size_t>(i)] ? 1 : self->size(i);
+  const double factor = out == 0 ? 0 : static_cast<double>(self->numel()) / static_cast<double>(out);
+  const std::string_view fname = name.substr(6, name.find('.') == std::string_view::npos ? std::string_view::npos
+                                                                                       : name.find('.') - 6);
+  if (factor - correction <= 0) {
+    TORCH_WARN(fname, "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction factor "
+               "(input numel divided by output numel).");
+  }
+}
+
 // ---- nonzero.out: aten/src/ATen/native/TensorAdvancedIndexing.cpp nonzero_out_cpu ----------------
 
 void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
@@ -368,7 +423,7 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
     } catch (const c10::Error& e) {
       // A kernel or a dtype the CPU lacks: eager on the node's device may have it.
       const std::string_view what = e.what_without_backtrace();
-      if (what.find("Could not run") != std::string_view::npos || what.find("not implemented for") != std::string_view::npos) {
+      if (what.find("Could not run") != std::string_view::npos || what.find("not implemented for '") != std::string_view::npos) {
         return nullptr;
       }
       return std::current_exception();
@@ -421,6 +476,8 @@ const std::unordered_map<std::string, Check>& checks() {
       {"aten::clamp", checkClamp},
       {"aten::clamp_", checkClamp},
       {"aten::resize_", checkResize},
+      {"aten::heaviside", checkHeaviside},
+      {"aten::heaviside_", checkHeaviside},
       {"aten::add", checkAlpha},
       {"aten::add_", checkAlpha},
       {"aten::sub", checkAlpha},
@@ -443,11 +500,30 @@ void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
   if (std::exception_ptr error = eagerError(op, facts, args)) raiseEager(error, facts);
 }
 
-void checkOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   const auto& schema = op.schema().arguments();
   for (int w : facts.writes) {
     if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) return raiseAsEager(op, facts, args);
   }
+  bool unusual = false;
+  auto visit = [&](const at::Tensor& t) {
+    unusual = unusual || (t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64));
+  };
+  for (const c10::IValue& x : args) {
+    if (x.isTensor()) visit(x.toTensor());
+    if (x.isTensorList()) {
+      for (const at::Tensor& t : x.toTensorList()) visit(t);
+    }
+  }
+  if (unusual) raiseAsEager(op, facts, args);
+}
+
+bool warnsAsEager(const std::string& name) {
+  return name == "aten::std" || name == "aten::var" || name == "aten::std_mean" || name == "aten::var_mean";
+}
+
+void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n) {
+  warnDegreesOfFreedom(facts, torch::jit::Stack(first, first + n));
 }
 
 }  // namespace genie::frontend

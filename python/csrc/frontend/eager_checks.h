@@ -37,10 +37,23 @@ void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 /// '<dtype>'") are not eager's on the node's device and are ignored.
 void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
-/// For an out= call (a keyword-only argument it writes): raiseAsEager. Python meta kernels
+/// Whether eager's kernel of the operator `name` ("aten::std", without the overload) warns about
+/// its arguments where the meta kernel does not: std, var, std_mean and var_mean with no degrees
+/// of freedom left. OpFacts::warns.
+bool warnsAsEager(const std::string& name);
+/// Eager's warning for the call, if it warns (TORCH_WARN: a Python UserWarning at the call).
+/// Runs on every call of an op whose facts say `warns`, plan-cache hits included: eager warns
+/// each time.
+void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
+
+/// For an out= call (a keyword-only argument it writes), or a call with a complex tensor or one
+/// of more than 64 dimensions: raiseAsEager. Those are rare in what the device runs, and Python
+/// meta kernels accept many such calls that eager's kernels refuse (`torch.maximum` of complex
+/// tensors raises TypeError, `torch.heaviside` NotImplementedError; a reduction over a tensor of
+/// 65 dimensions "only tensors with up to 64 dims are supported"). Python meta kernels
 /// check out= arguments by the reference's rule (any safe cast), where eager's kernels may
 /// require the input's dtype (`torch.neg(float32, out=float64)` raises "Found dtype Double but
 /// expected Float") or refuse the op for the dtype (`torch.floor(complex64, out=...)`).
-void checkOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 }  // namespace genie::frontend

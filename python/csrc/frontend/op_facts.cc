@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "frontend/eager_checks.h"
 #include "frontend/ir.h"
 #include "genie/torch/deterministic_ops.h"
 #include "genie/torch/sparse_ops.h"
@@ -114,6 +115,7 @@ std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
     facts->returns.push_back(r);
   }
   facts->seeded = op.hasTag(at::Tag::nondeterministic_seeded);
+  facts->warns = warnsAsEager(schema.name());
   if (schema.name().rfind("aten::", 0) == 0) {
     facts->deterministic = c10::Dispatcher::singleton().findSchema(
         {genie::deterministic::variantName(schema.name()), schema.overload_name()});

@@ -55,6 +55,7 @@ struct OpFacts {
   std::vector<ArgKind> args;         // per schema argument
   bool list_return = false;          // returns one Tensor[]
   bool seeded = false;               // tagged nondeterministic_seeded: writes the device's generator
+  bool warns = false;                // eager warns about some arguments (eager_checks.h warnsAsEager)
   /// The KV-cache pass's roles (cut.h): ops that append to a cache (cat, index_copy(_),
   /// slice_scatter) and attention (scaled_dot_product_attention), which reads it.
   enum class CacheRole : uint8_t { kNone, kWriter, kAttention } cache_role = CacheRole::kNone;

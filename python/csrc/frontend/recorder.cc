@@ -426,6 +426,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
         }
       }
       if (!recordsHere(route, first, n)) return recorded;
+      if (facts->warns && !inferred) warnAsEager(*facts, first, n);  // once: a miss walks again
       Walk walk(op, *facts, options);
       if (!walk.run(first, n)) return recorded;
       if (walk.recording == nullptr) walk.recording = factoryRecording(first, n);
@@ -462,7 +463,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
           raiseAsEager(op, *facts, args);  // the CPU kernel's error where it raises one alike
           throw;                           // else the meta kernel's
         }
-        checkOut(op, *facts, args);
+        checkUnusualOnCpu(op, *facts, args);
       }
       refuseUnsupported(*facts, args, *inferred);
     } catch (const NeedsNode&) {

@@ -137,6 +137,13 @@ class LazyTensor(torch.Tensor):
             raise TypeError(f"data: cannot give a tensor on {self.device} the data of a tensor on {new.device}")
         torch._C.TensorBase.data.__set__(self, new)
 
+    def __copy__(self):
+        """copy.copy: a shallow copy, as eager's (a new tensor on the same storage and value, with
+        the same requires_grad): writes through either show in both."""
+        new = torch._C.TensorBase.data.__get__(self)
+        new.requires_grad_(self.requires_grad)
+        return new
+
     def __deepcopy__(self, memo):
         """copy.deepcopy (of a module, say): a copy on the same device (a recorded clone)."""
         found = memo.get(id(self))

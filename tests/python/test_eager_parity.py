@@ -265,3 +265,18 @@ def test_the_default_dtype_applies_on_the_node():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.float64
         assert torch.equal(g, w)
+
+
+def test_copy_copy_is_shallow_as_eagers():
+    """copy.copy(tensor) shares the storage (writes show in both) and keeps requires_grad."""
+    import copy
+
+    def run(d):
+        x = torch.tensor([1., 2., 3., 4.], device=d, requires_grad=True)
+        y = copy.copy(x)
+        with torch.no_grad():
+            y.fill_(1)
+        return x.detach().cpu(), y.requires_grad, y.is_leaf, y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+    got, want = run(DEV), run("cpu")
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:] == (True, True, True)

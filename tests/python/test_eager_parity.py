@@ -80,6 +80,7 @@ def _t(data, device, **kwargs):
     lambda d: torch.heaviside(_t([1j], d), _t([1.], d)),  # NotImplementedError before the dtype check
     lambda d: torch.heaviside(_t([1.], d), _t([1], d)),
     lambda d: torch.ones([1] * 65, device=d).sum(dim=0),
+    lambda d: torch.pow(_t([2], d), -1),  # an integer to a negative integer power
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
@@ -87,7 +88,7 @@ def _t(data, device, **kwargs):
         "floor-out-complex", "add-out-unsafe-cast", "cat-out-unsafe-cast", "add_-int-float", "addcdiv-int",
         "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha", "resize_-bytes-overflow",
         "resize_-numel-overflow", "resize_-stride-overflow", "maximum-complex", "heaviside-complex",
-        "heaviside-dtypes", "sum-65-dims"])
+        "heaviside-dtypes", "sum-65-dims", "pow-int-negative"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 

@@ -325,6 +325,18 @@ void warnDegreesOfFreedom(const OpFacts& facts, const torch::jit::Stack& args) {
   }
 }
 
+// ---- pow: aten/src/ATen/native/Pow.cpp pow's meta function (Tensor_Scalar) --------------------
+
+/// pow(_)(self, Scalar exponent) and its out=: an integer tensor to a negative integer power.
+void checkPow(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  if (self == nullptr || args.size() < 2 || !args[1].isScalar()) return;
+  const c10::Scalar exponent = args[1].toScalar();
+  TORCH_CHECK(!(at::isIntegralType(self->scalar_type(), /*includeBool=*/true) && exponent.isIntegral(true) &&
+                exponent.toLong() < 0),
+              "Integers to negative integer powers are not allowed.", where(facts));
+}
+
 // ---- nonzero.out: aten/src/ATen/native/TensorAdvancedIndexing.cpp nonzero_out_cpu ----------------
 
 void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
@@ -477,6 +489,8 @@ const std::unordered_map<std::string, Check>& checks() {
       {"aten::clamp_", checkClamp},
       {"aten::resize_", checkResize},
       {"aten::heaviside", checkHeaviside},
+      {"aten::pow", checkPow},
+      {"aten::pow_", checkPow},
       {"aten::heaviside_", checkHeaviside},
       {"aten::add", checkAlpha},
       {"aten::add_", checkAlpha},

@@ -281,3 +281,24 @@ def test_copy_copy_is_shallow_as_eagers():
 
     got, want = run(DEV), run("cpu")
     assert torch.equal(got[0], want[0]) and got[1:] == want[1:] == (True, True, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_deterministic_mode_fills_uninitialized_memory(dtype):
+    """Under torch.use_deterministic_algorithms(True), empty tensors hold NaN or the dtype's
+    largest value, as eager's (genie::deterministic_empty... on the node)."""
+    made = [
+        lambda d: torch.empty(10, 9, device=d, dtype=dtype),
+        lambda d: torch.empty(10, 9, out=torch.zeros(1, device=d, dtype=dtype)),
+        lambda d: torch.empty_like(torch.zeros(10, 9, device=d, dtype=dtype)),
+        lambda d: torch.empty_strided((10, 9), (1, 5), device=d, dtype=dtype),
+        lambda d: torch.empty_permuted((2, 3, 5), (1, 0, 2), device=d, dtype=dtype),
+    ]
+    with_deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        for make in made:
+            got, want = make(DEV).cpu(), make("cpu")
+            assert torch.equal(got, want) or (dtype.is_floating_point and got.isnan().all() and want.isnan().all())
+    finally:
+        torch.use_deterministic_algorithms(with_deterministic)

@@ -23,13 +23,19 @@ namespace genie::deterministic {
 inline constexpr std::string_view kPrefix = "genie::deterministic_";
 
 /// The aten ops (every overload) that get a variant: those PyTorch lists as acting
-/// deterministically under torch.use_deterministic_algorithms(True) (torch/__init__.py).
+/// deterministically under torch.use_deterministic_algorithms(True) (torch/__init__.py), and the
+/// factories and resizes that then fill the memory they make.
 inline constexpr const char* kOps[] = {
     "aten::index_put_", "aten::index_put", "aten::_index_put_impl_", "aten::_unsafe_index_put",
     "aten::index_copy_", "aten::index_copy", "aten::index_add_", "aten::index_add",
     "aten::scatter_", "aten::scatter", "aten::scatter_add_", "aten::scatter_add",
     "aten::scatter_reduce_", "aten::scatter_reduce", "aten::put_", "aten::put",
     "aten::cumsum", "aten::cumsum_",
+    // Uninitialized memory: with deterministic algorithms on (and
+    // torch.utils.deterministic.fill_uninitialized_memory, on by default) eager fills it with NaN
+    // or the dtype's largest value.
+    "aten::empty", "aten::empty_strided", "aten::empty_permuted", "aten::empty_like", "aten::new_empty",
+    "aten::new_empty_strided", "aten::resize_",
 };
 
 /// "genie::deterministic_index_put_" for "aten::index_put_".

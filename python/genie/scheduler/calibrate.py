@@ -72,18 +72,24 @@ def calibrate_node(device="cpu", *, sync: Callable | None = None, matmul_n: int 
     return flops, bandwidth
 
 
-def _rate(run: Callable[[int], None], work: float, chain: int, repeats: int, clock, rounds: int = 4) -> float:
+def _rate(run: Callable[[int], None], work: float, chain: int, repeats: int, clock, rounds: int = 4,
+          longer: int = 2) -> float:
     """Work per second from the slope between chains of 1 and `chain` runs (best times).
-    A noisy machine can make the longer chain's best time no longer than the short one's:
-    then up to `rounds` rounds of `repeats` more timings each are taken, keeping the best."""
+    A noisy machine can make the longer chain's best time no longer than the short one's (small
+    work against a round trip's jitter): then up to `rounds` rounds of `repeats` more timings
+    each are taken, keeping the best, and then, `longer` times, the same with a chain 4 times
+    longer. Only a chain that never takes longer than one, however long, raises."""
     run(1)  # warm-up: allocation, first-call costs, a lazy graph's registration
-    one = many = float("inf")
-    for _ in range(rounds):
-        one = min(one, _best(lambda: run(1), repeats, clock))
-        many = min(many, _best(lambda: run(chain), repeats, clock))
-        if many > one:
-            return work * (chain - 1) / (many - one)
-    raise RuntimeError(f"a chain of {chain} took {many:.3g} s, not longer than one ({one:.3g} s), in "
+    one = float("inf")
+    for _ in range(longer + 1):
+        many = float("inf")
+        for _ in range(rounds):
+            one = min(one, _best(lambda: run(1), repeats, clock))
+            many = min(many, _best(lambda: run(chain), repeats, clock))
+            if many > one:
+                return work * (chain - 1) / (many - one)
+        chain *= 4
+    raise RuntimeError(f"a chain of {chain // 4} took {many:.3g} s, not longer than one ({one:.3g} s), in "
                        f"{rounds * repeats} timings of each: does sync wait for the work?")
 
 

@@ -25,6 +25,7 @@
 
 #include "frontend/lazy_tensor.h"
 #include "frontend/op_facts.h"
+#include "frontend/shapes.h"
 
 namespace genie::frontend {
 namespace {
@@ -372,26 +373,7 @@ at::Tensor cpuOf(const at::Tensor& t, double fill, int64_t& bytes) {
 }
 
 c10::IValue cpuArg(const c10::IValue& arg, double fill, int64_t& bytes) {
-  if (arg.isTensor()) return cpuOf(arg.toTensor(), fill, bytes);
-  if (arg.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : arg.toTensorList()) out.push_back(cpuOf(t, fill, bytes));
-    return out;
-  }
-  if (arg.isList()) {
-    const auto list = arg.toList();
-    bool tensors = false;
-    for (const c10::IValue& x : list) tensors = tensors || x.isTensor();
-    if (!tensors) return arg;
-    c10::List<std::optional<at::Tensor>> out;
-    for (const c10::IValue& x : list) {
-      const bool defined = x.isTensor() && x.toTensor().defined();
-      out.push_back(defined ? std::optional<at::Tensor>(cpuOf(x.toTensor(), fill, bytes)) : std::nullopt);
-    }
-    return out;
-  }
-  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kCPU);
-  return arg;
+  return mapTensors(arg, [&](const at::Tensor& t) { return cpuOf(t, fill, bytes); }, c10::Device(c10::kCPU));
 }
 
 /// Whether the probe may run `op`: it draws no random numbers (the CPU generator must not move),

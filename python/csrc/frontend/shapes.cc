@@ -198,28 +198,7 @@ at::Tensor metaOf(const at::Tensor& t) {
   return meta;
 }
 
-c10::IValue metaArg(const c10::IValue& arg) {
-  if (arg.isTensor()) return metaOf(arg.toTensor());
-  if (arg.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : arg.toTensorList()) out.push_back(metaOf(t));
-    return out;
-  }
-  if (arg.isList()) {
-    const auto list = arg.toList();
-    bool tensors = false;
-    for (const c10::IValue& x : list) tensors = tensors || x.isTensor();
-    if (!tensors) return arg;
-    c10::List<std::optional<at::Tensor>> out;
-    for (const c10::IValue& x : list) {
-      const bool defined = x.isTensor() && x.toTensor().defined();
-      out.push_back(defined ? std::optional<at::Tensor>(metaOf(x.toTensor())) : std::nullopt);
-    }
-    return out;
-  }
-  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
-  return arg;
-}
+c10::IValue metaArg(const c10::IValue& arg) { return mapTensors(arg, metaOf, c10::Device(c10::kMeta)); }
 
 bool mentionsMeta(const std::string& text) {
   std::string lower(text);
@@ -286,6 +265,30 @@ void flatten(const c10::IValue& out, std::vector<Desc>& descs) {
 }
 
 }  // namespace
+
+c10::IValue mapTensors(const c10::IValue& arg, const std::function<at::Tensor(const at::Tensor&)>& f,
+                       c10::Device device) {
+  if (arg.isTensor()) return f(arg.toTensor());
+  if (arg.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : arg.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (arg.isList()) {
+    const auto list = arg.toList();
+    bool tensors = false;
+    for (const c10::IValue& x : list) tensors = tensors || x.isTensor();
+    if (!tensors) return arg;
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& x : list) {
+      const bool defined = x.isTensor() && x.toTensor().defined();
+      out.push_back(defined ? std::optional<at::Tensor>(f(x.toTensor())) : std::nullopt);
+    }
+    return out;
+  }
+  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) return device;
+  return arg;
+}
 
 std::optional<Shapes> ruleShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   (void)op;

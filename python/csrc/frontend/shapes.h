@@ -23,6 +23,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -59,6 +60,12 @@ struct Shapes {
 struct NeedsNode : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// `arg` (one schema argument) with each tensor in it (Tensor, Tensor[], Tensor?[]) replaced by
+/// `f(tensor)` and a remote_accelerator Device by `device`: the stacks of metaShapes (meta
+/// tensors) and of the CPU probe (eager_checks.h).
+c10::IValue mapTensors(const c10::IValue& arg, const std::function<at::Tensor(const at::Tensor&)>& f,
+                       c10::Device device);
 
 /// A shape rule's answer for `op` with the arguments on `args` (the whole schema's arguments, as
 /// the recorder got them), or nothing when no rule covers them.

@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "bindings.h"
+#include "frontend/device_storage.h"
 
 namespace genie::python {
 namespace {
@@ -112,11 +113,11 @@ struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
   at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
 };
 
-/// The device's allocator: remote_accelerator memory lives on the node, so a storage cannot be
-/// allocated here. Without an allocator c10 dereferences a null pointer (a segfault) when
-/// Python asks for one: `torch.UntypedStorage(n, device=...)`, `storage.to(device)`, and so
-/// `torch.load(f, map_location="remote_accelerator")`. This one raises a RuntimeError saying
-/// what to do instead. Zero bytes are allowed (an empty storage holds nothing).
+/// The device's allocator. remote_accelerator memory lives on the node: allocate(n) hands out a
+/// device address range whose bytes become a uint8 [n] value on the node at first use
+/// (frontend/device_storage.h), so `torch.UntypedStorage(n, device=...)`, `storage.to(device)`,
+/// `torch.load(f, map_location="remote_accelerator")` and TypedStorage work as on CUDA. Nothing
+/// is copied on the host (copy_data: a COW materialization, whose bytes the node cloned).
 ///
 /// As a c10::DeviceAllocator it keeps the books torch.accelerator reads (memory_allocated,
 /// max_memory_allocated, memory_stats, reset_peak_memory_stats, get_memory_info): the
@@ -125,16 +126,13 @@ struct RemoteAcceleratorHooks final : at::PrivateUse1HooksInterface {
 /// reserved bytes are the allocated ones and emptyCache only sends the frees that wait.
 struct RemoteAcceleratorAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
-    TORCH_CHECK(n == 0, "remote_accelerator: a storage of ", n,
-                " bytes cannot be allocated on the device from the host (torch.UntypedStorage(device=...), "
-                "Storage.to(device), torch.load(map_location='remote_accelerator')): device memory lives on "
-                "genie-node. Create the tensors on the CPU and move them, e.g. "
-                "model.load_state_dict(torch.load(f, map_location='cpu')) on a model already moved with "
-                ".to('remote_accelerator'), or tensor.to('remote_accelerator')");
-    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, t_current_device));
+    return frontend::allocateDeviceStorage(n, c10::Device(c10::DeviceType::PrivateUse1, t_current_device));
   }
-  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t count) const override {
-    TORCH_CHECK(count == 0, "remote_accelerator: device memory is not addressable from the host");
+  void copy_data(void* dest, const void* /*src*/, std::size_t /*count*/) const override {
+    frontend::noteDeviceStorageCopy(dest);
+  }
+  bool is_simple_data_ptr(const c10::DataPtr& data_ptr) const override {
+    return frontend::isSimpleDeviceDataPtr(data_ptr);
   }
 
   bool initialized() override { return g_accelerator_hooks.load() != nullptr; }

@@ -13,6 +13,8 @@
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
+#include <c10/core/impl/COW.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -22,6 +24,7 @@
 
 #include "bindings.h"
 #include "frontend/cut.h"
+#include "frontend/device_storage.h"
 #include "frontend/host_eval.h"
 #include "frontend/lazy_tensor.h"
 #include "frontend/lock.h"
@@ -520,12 +523,55 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
     frontend::LockGuard lock;
     lazyOf(t, "rebind").rebind(value);
   }, "rebind(tensor, value): the LazyTensor holds `value` from now on (an in-place result on its storage).");
-  m.def("share_storage", [](py::handle t, py::handle owner) {
-    auto& impl = lazyOf(t, "share_storage");
-    const auto& other = lazyOf(owner, "share_storage");
-    impl.set_storage_keep_dtype(other.storage());
-  }, "share_storage(tensor, owner): the LazyTensor's storage becomes `owner`'s (aten::set_ onto a storage): "
-     "untyped_storage() then names one storage for both, as on any device.");
+  m.def("set_storage", [](py::handle t, py::handle storage) {
+    auto& impl = lazyOf(t, "set_storage");
+    if (!THPStorage_Check(storage.ptr())) throw py::type_error("set_storage: not a torch.UntypedStorage");
+    impl.set_storage_keep_dtype(THPStorage_Unpack(storage.ptr()));
+  }, "set_storage(tensor, storage): the LazyTensor's storage becomes `storage` (aten::set_ onto a storage), as on "
+     "any device; its value is the caller's to rebind.");
+  m.def("pin_storage", [](py::handle owner) {
+    frontend::LockGuard lock;
+    frontend::pinStorageValue(THPVariable_Unpack(owner.ptr()));
+  }, "pin_storage(owner): `owner.untyped_storage()` (owner: the LazyTensor spanning it) holds owner's value from now "
+     "on (frontend/device_storage.h), unless it holds one already.");
+  m.def("storage_tensor", [](py::handle storage, py::handle make) -> py::object {
+    if (!THPStorage_Check(storage.ptr())) throw py::type_error("storage_tensor: not a torch.UntypedStorage");
+    const c10::Storage& s = THPStorage_Unpack(storage.ptr());
+    frontend::StorageValue sv;
+    {
+      frontend::LockGuard lock;
+      sv = frontend::storageValue(s);
+    }
+    if (sv.state == frontend::StorageValue::kNone) return py::none();
+    if (sv.state == frontend::StorageValue::kUnbound) {
+      py::object fresh = make(static_cast<int64_t>(s.nbytes()));  // uint8 [nbytes] on the storage's device
+      auto& impl = lazyOf(fresh, "storage_tensor");
+      TORCH_CHECK(impl.dtype() == caffe2::TypeMeta::Make<uint8_t>() && impl.numel() == static_cast<int64_t>(s.nbytes()),
+                  "storage_tensor: make(nbytes) must give a uint8 tensor of nbytes elements");
+      frontend::LockGuard lock;
+      frontend::bindStorageValue(s, impl.value(), impl.recordingPtr());
+      sv = frontend::storageValue(s);
+    }
+    at::Tensor t;
+    {
+      frontend::LockGuard lock;
+      t = frontend::makeLazy(sv.value, sv.desc, sv.recording, nullptr);
+    }
+    if (sv.byte_offset == 0) t.unsafeGetTensorImpl()->set_storage_keep_dtype(s);
+    return py::make_tuple(py::reinterpret_steal<py::object>(wrapLazy(t)), sv.byte_offset);
+  }, py::arg("storage"), py::arg("make"),
+     "storage_tensor(storage, make) -> (LazyTensor, byte_offset) | None: for a torch.UntypedStorage on "
+     "remote_accelerator, a tensor holding the value of its bytes (frontend/device_storage.h) and where the storage "
+     "starts in that tensor's storage (a slice); a storage allocated from the host is bound at first use to the "
+     "value of make(nbytes) (a new uint8 [nbytes] LazyTensor). None when no value is known.");
+  m.def("lazy_clone_storage", [](py::handle t, py::handle source) {
+    auto& impl = lazyOf(t, "lazy_clone_storage");
+    auto& src = lazyOf(source, "lazy_clone_storage");
+    c10::intrusive_ptr<c10::StorageImpl> cow = c10::impl::cow::lazy_clone_storage(*src.storage().unsafeGetStorageImpl());
+    TORCH_CHECK(cow, "_lazy_clone: the storage of this remote_accelerator tensor cannot be made copy-on-write");
+    impl.set_storage_keep_dtype(c10::Storage(std::move(cow)));
+  }, "lazy_clone_storage(tensor, source): `tensor` (the node's clone of `source`) takes a copy-on-write clone of "
+     "`source`'s storage, as c10 lazy-clones one: same data address, each a COW storage until written.");
   m.def("set_geometry", [](py::handle t, std::vector<int64_t> shape, std::vector<int64_t> strides, int64_t offset) {
     auto& impl = lazyOf(t, "set_geometry");
     frontend::Desc d;

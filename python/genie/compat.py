@@ -39,43 +39,58 @@ def _nested_tensor_from_mask(func, args, kwargs):
 
 
 def _set_storage(func, args, kwargs):
-    """aten::set_ onto a storage (`x.set_(y.untyped_storage(), offset, size, stride)`, and what
-    PyTorch does for element access to a storage: `untyped_storage()[i]`, `.tolist()`, `.cpu()`):
-    `x` becomes a view of the storage's value on the node, `as_strided` on the tensor that spans
-    it (viewed as `x`'s dtype), and shares its storage. The storage must come from
-    `untyped_storage()` (or `storage()`) of a live tensor on `x`'s device; NotImplementedError
-    otherwise (a storage has a device address but no host-visible bytes, and graphs carry
-    tensors, not storages)."""
+    """aten::set_ onto a storage (`x.set_(storage, offset, size, stride)`, and what PyTorch does
+    for element access to a storage: `storage[i]`, `.tolist()`, `.cpu()`, `storage.copy_`):
+    `x` becomes a view of the storage's value on the node (`as_strided` on the tensor holding
+    it, genie.lazy.storage_owner, viewed as `x`'s dtype) and takes the storage. NotImplementedError
+    for a storage whose value is not known (a copy-on-write storage from `_lazy_clone`) or whose
+    bytes cannot be viewed as `x`'s dtype."""
     self, source = args[0], args[1]
     rest = dict(zip(("storage_offset", "size", "stride"), args[2:]), **kwargs)
-    owner = storage_owner(source) if _C.is_lazy(self) else None
-    if owner is not None and owner.device == self.device and owner.dtype != self.dtype:
-        try:  # the storage's bytes as elements of self's dtype (a storage's .cpu() reads them as uint8)
-            with torch.no_grad():
-                owner = aten.view.dtype(owner.detach(), self.dtype)
-        except RuntimeError:
-            owner = None
-    if owner is None or owner.device != self.device:
-        raise NotImplementedError(
-            f"{op_name(func)}: remote_accelerator can set a tensor onto a storage only from untyped_storage() of a "
-            "live tensor on its device whose elements can be viewed as its dtype (a storage has no host-visible "
-            "bytes); use the tensor instead, e.g. tensor.cpu().untyped_storage()")
+    found = storage_owner(source) if _C.is_lazy(self) else None
     itemsize = self.element_size()
-    if "size" in rest:
-        offset, size = rest["storage_offset"], list(rest["size"])
-        stride = list(rest.get("stride") or [])
-    else:
-        offset, size, stride = 0, [source.nbytes() // itemsize], []
-    if not stride:
-        stride = [1] * len(size)
-        for i in range(len(size) - 2, -1, -1):
-            stride[i] = stride[i + 1] * max(size[i + 1], 1)
-    with torch.no_grad():
-        view = aten.as_strided.default(owner.detach(), size, stride, offset)
+    view = None
+    if found is not None and found[0].device == self.device and found[1] % itemsize == 0:
+        owner, start = found
+        if "size" in rest:
+            offset, size = rest["storage_offset"], list(rest["size"])
+            stride = list(rest.get("stride") or [])
+        else:
+            offset, size, stride = 0, [source.nbytes() // itemsize], []
+        if not stride:
+            stride = [1] * len(size)
+            for i in range(len(size) - 2, -1, -1):
+                stride[i] = stride[i + 1] * max(size[i + 1], 1)
+        try:
+            with torch.no_grad():  # the owner's whole storage, as elements of self's dtype
+                flat = aten.as_strided.default(owner.detach(), [torch.Tensor.untyped_storage(owner).nbytes()
+                                                                // owner.element_size()], [1], 0)
+                if flat.dtype != self.dtype:
+                    flat = aten.view.dtype(flat, self.dtype)
+                view = aten.as_strided.default(flat, size, stride, offset + start // itemsize)
+        except RuntimeError:
+            view = None
+    if view is None:
+        raise NotImplementedError(
+            f"{op_name(func)}: remote_accelerator can set a tensor onto a storage only when the storage's value on "
+            "the node is known (untyped_storage() of a tensor, a storage allocated on the device, or a slice of "
+            "one; not a copy-on-write storage) and its bytes can be viewed as the tensor's dtype; use the tensor "
+            "instead")
     _C.rebind(self, _C.lazy_value(view))
     _C.set_geometry(self, size, stride, offset)
-    _C.share_storage(self, owner)
+    _C.set_storage(self, source)
     return self
+
+
+def _lazy_clone(func, args, kwargs):
+    """aten::_lazy_clone (`Tensor._lazy_clone()`): the node clones the value; on the client the
+    result takes a copy-on-write clone of the source's storage, as c10 makes one: both are COW
+    tensors on the same data address until one is written (the recorder then gives it its own
+    address range, frontend/device_storage.h)."""
+    out = record_op(func, args, kwargs)
+    if _C.is_lazy(out) and _C.is_lazy(args[0]):
+        _C.lazy_clone_storage(out, args[0])
+    return out
 
 
 def _indices(func, args, kwargs):
@@ -211,6 +226,7 @@ HANDLERS = {
     aten._pad_packed_sequence.default: _pad_packed_sequence,
     aten.ctc_loss.Tensor: _ctc_loss_host_lengths,
     aten.set_.source_Storage: _set_storage,
+    aten._lazy_clone.default: _lazy_clone,
     aten.set_.source_Storage_storage_offset: _set_storage,
 }
 # Handled here only when an index is a host tensor, a uint8 mask or a mask of a put (see _indices);

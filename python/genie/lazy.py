@@ -28,17 +28,15 @@ from .graph import Value
 
 lock = _C.process_lock
 
-# Storages handed out by `untyped_storage()` (and `storage()`, which calls it), by device
-# address: a weak reference to the tensor that spans it (the view's base, else the tensor).
-# aten::set_ onto a storage (genie.compat) finds the value it holds through it.
-_storage_owners: dict[int, weakref.ref] = {}
-
-
-def storage_owner(storage) -> "LazyTensor | None":
-    """The live LazyTensor whose storage `storage` (a torch.UntypedStorage on remote_accelerator)
-    is, if `untyped_storage()` handed it out; None otherwise."""
-    ref = _storage_owners.get(storage.data_ptr())
-    return None if ref is None else ref()
+def storage_owner(storage) -> "tuple[LazyTensor, int] | None":
+    """(a LazyTensor holding the value of `storage`'s bytes, the byte offset where `storage`
+    starts in that tensor's storage) for a torch.UntypedStorage on remote_accelerator, or None
+    when no value is known (frontend/device_storage.h):
+    - a storage `untyped_storage()` handed out holds the value of the tensor spanning it;
+    - a storage allocated from the host (`torch.UntypedStorage(n, device=...)`,
+      `Storage.to(device)`) holds a new uint8 [nbytes] `torch.empty` from its first use;
+    - a slice of either (`storage[a:b]`) is found inside the other's address range."""
+    return _C.storage_tensor(storage, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=storage.device))
 
 
 class LazyTensor(torch.Tensor):
@@ -107,17 +105,11 @@ class LazyTensor(torch.Tensor):
         return text[:-1] + f", device='{self.device}')"
 
     def untyped_storage(self) -> torch.UntypedStorage:
-        """The storage, as torch.Tensor.untyped_storage; remembered (weakly) with the tensor that
-        spans it, so that `other.set_(storage, ...)` can view the same value."""
+        """The storage, as torch.Tensor.untyped_storage. It holds the value of the tensor that
+        spans it (the view's base, else this tensor) from now on, so that `other.set_(storage,
+        ...)` and storage reads view that value (genie.lazy.storage_owner)."""
         storage = super().untyped_storage()
-        owner = self._base if self._base is not None else self
-        key = storage.data_ptr()
-        ref = _storage_owners.get(key)
-        if ref is None or ref() is None:
-            def forget(dead, key=key):
-                if _storage_owners.get(key) is dead:
-                    del _storage_owners[key]
-            _storage_owners[key] = weakref.ref(owner, forget)
+        _C.pin_storage(self._base if self._base is not None else self)
         return storage
 
     @property
@@ -142,19 +134,6 @@ class LazyTensor(torch.Tensor):
         the same requires_grad): writes through either show in both."""
         new = torch._C.TensorBase.data.__get__(self)
         new.requires_grad_(self.requires_grad)
-        return new
-
-    def __deepcopy__(self, memo):
-        """copy.deepcopy (of a module, say): a copy on the same device (a recorded clone)."""
-        found = memo.get(id(self))
-        if found is not None:
-            return found
-        with torch.no_grad():
-            new = self.clone(memory_format=torch.preserve_format)
-        new.requires_grad_(self.requires_grad)
-        if getattr(self, "_is_param", False):
-            new._is_param = True  # nn.Parameter of a tensor subclass (Parameter.__new__)
-        memo[id(self)] = new
         return new
 
     def __reduce_ex__(self, protocol):

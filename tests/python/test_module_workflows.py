@@ -70,18 +70,55 @@ def test_state_dict_saves_as_cpu_tensors():
     assert torch.equal(fresh(X.to(DEV)).cpu(), _mlp()(X))
 
 
-def test_loading_straight_onto_the_device_raises_a_clear_error():
-    # torch.load(map_location=device) allocates the storages on the device from the host;
-    # remote_accelerator memory lives on the node (a null allocator segfaulted here before).
+def test_loading_straight_onto_the_device():
+    # torch.load(map_location=device) allocates each storage on the device from the host, copies
+    # the bytes in (storage.copy_) and rebuilds the tensors with set_ onto the storages.
     buffer = io.BytesIO()
     torch.save(_mlp().state_dict(), buffer)
     buffer.seek(0)
-    with pytest.raises(RuntimeError, match="map_location='cpu'"):
-        torch.load(buffer, map_location=DEV)
-    with pytest.raises(RuntimeError, match="cannot be allocated on the device"):
-        torch.UntypedStorage(16, device=DEV)
+    loaded = torch.load(buffer, map_location=DEV)
+    expected = _mlp().state_dict()
+    for name, tensor in loaded.items():
+        assert tensor.device.type == "remote_accelerator" and torch.equal(tensor.cpu(), expected[name])
+    fresh = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    fresh.load_state_dict(loaded)  # copies device tensors into CPU parameters
+    assert torch.equal(fresh(X), _mlp()(X))
+
+
+def test_storages_allocated_from_the_host():
+    storage = torch.UntypedStorage(8, device=DEV)
+    storage.copy_(torch.UntypedStorage(list(range(1, 9))))
+    assert storage.tolist() == list(range(1, 9))
+    assert storage[2:6].tolist() == [3, 4, 5, 6]  # a slice views the same bytes
+    viewed = torch.empty(0, device=DEV, dtype=torch.int32).set_(storage, 1, (1,), (1,))
+    assert viewed.cpu().tolist() == [int.from_bytes(bytes([5, 6, 7, 8]), "little")]
+    viewed.fill_(0)  # written through the tensor, read through the storage
+    assert storage.tolist() == [1, 2, 3, 4, 0, 0, 0, 0]
     assert torch.UntypedStorage(0, device=DEV).nbytes() == 0
-    assert torch.equal(_mlp().to(DEV)(X.to(DEV)).cpu(), _mlp()(X))  # and the device works on
+    typed = torch.TypedStorage([1.5, 2.5], dtype=torch.float32, device=DEV)
+    assert typed.tolist() == [1.5, 2.5] and typed.device.type == "remote_accelerator"
+
+
+def test_storage_of_a_dead_tensor_keeps_its_value():
+    storage = (torch.arange(4, dtype=torch.float32) * 2).to(DEV).untyped_storage()  # the tensor dies here
+    again = torch.tensor(storage, dtype=torch.float32, device=DEV)
+    assert again.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_lazy_clone_is_copy_on_write():
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=DEV)
+    address = torch._C._data_address(t)
+    clone = t._lazy_clone()
+    assert torch._C._is_cow_tensor(t) and torch._C._is_cow_tensor(clone)
+    assert torch._C._data_address(clone) == address
+    t + clone  # reading materializes nothing
+    assert torch._C._is_cow_tensor(t)
+    t.view(4).add_(1)  # a write gives t its own address range; the clone keeps the old one
+    assert not torch._C._is_cow_tensor(t) and torch._C._data_address(t) != address
+    assert torch._C._is_cow_tensor(clone) and torch._C._data_address(clone) == address
+    assert clone.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]] and t.cpu().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    with pytest.raises(RuntimeError, match="Materializing a storage"):
+        torch._test_parallel_materialize(clone, 2, False)
 
 
 def test_autocast_runs_matmuls_in_the_autocast_dtype():
@@ -244,9 +281,9 @@ def test_set_onto_a_storage_views_its_value():
     got, want = run(DEV), run("cpu")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
     assert got[2] and want[2]
-    gone = torch.ones(3, device=DEV).untyped_storage()  # its tensor is gone
-    with pytest.raises(NotImplementedError, match="live tensor"):
-        torch.tensor((), device=DEV).set_(gone)
+    cow = torch.ones(3, device=DEV)._lazy_clone().untyped_storage()  # its value is not known
+    with pytest.raises(NotImplementedError, match="copy-on-write"):
+        torch.tensor((), device=DEV).set_(cow)
 
 
 def test_save_pretrained_from_the_device(tmp_path):

@@ -352,16 +352,12 @@ void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
 /// The probe's size limit: all its tensors together, bytes.
 constexpr int64_t kProbeBytes = int64_t{64} << 20;
 
-/// A CPU tensor of `t`'s geometry (sizes, strides, storage offset, dtype, conj/neg bits) filled
+/// A CPU tensor of `t`'s geometry (sizes, strides, storage offset, dtype, conj/neg bits; a storage
+/// of as many elements as `t`'s holds) filled
 /// with `fill`; `t` itself when it is not a LazyTensor (a wrapped number, a CPU scalar).
 at::Tensor cpuOf(const at::Tensor& t, double fill, int64_t& bytes) {
   if (!t.defined() || !isLazy(t)) return t;
-  int64_t span = 1;
-  for (size_t i = 0; i < t.sizes().size(); ++i) {
-    if (t.sizes()[i] == 0) span = 0;
-    if (span > 0) span += (t.sizes()[i] - 1) * t.strides()[i];
-  }
-  const int64_t elements = t.storage_offset() + span;
+  const int64_t elements = storageElements(t);
   bytes += elements * static_cast<int64_t>(c10::elementSize(t.scalar_type()));
   TORCH_CHECK(bytes <= kProbeBytes, "probe too large");
   at::Tensor base = at::empty({elements}, at::TensorOptions().dtype(t.scalar_type()));

@@ -9,15 +9,12 @@
 #include <optional>
 #include <typeinfo>
 
+#include "frontend/device_storage.h"
 #include "frontend/lock.h"
 #include "frontend/recording.h"
 
 namespace genie::frontend {
 namespace {
-
-/// The next free device address (lazy_tensor.h). Ranges are 512-byte aligned, as CUDA's
-/// allocations are, and never reused: 2^62 bytes outlast any process.
-std::atomic<uint64_t> g_next_device_address{uint64_t{1} << 62};
 
 void attach(Value& value) {
   value.tensors.fetch_add(1, std::memory_order_relaxed);
@@ -25,13 +22,6 @@ void attach(Value& value) {
 }
 
 }  // namespace
-
-c10::Storage newDeviceStorage(size_t nbytes, c10::Device device) {
-  const uint64_t span = (std::max<uint64_t>(nbytes, 1) + 511) & ~uint64_t{511};
-  void* address = reinterpret_cast<void*>(g_next_device_address.fetch_add(span, std::memory_order_relaxed));
-  return c10::Storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(address, device),
-                      c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-}
 
 LazyTensorImpl::LazyTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, ValuePtr value,
                                c10::intrusive_ptr<Recording> recording)

@@ -4,8 +4,7 @@
 // holds no Python key, so an op on it passes autograd as on any device and reaches the
 // recorder's PrivateUse1 kernel (dispatch_kernel.cc). It carries the geometry shape inference
 // computed (sizes, strides, storage offset, dtype, conjugate and negative bits), a storage of
-// the byte size that geometry needs at a device address of its own (never dereferenced on the
-// host: non-canonical x86-64 addresses from 2^62, so a stray host read faults at once; a view
+// the byte size that geometry needs at a device address of its own (device_storage.h; a view
 // shares its base's storage, so `untyped_storage().data_ptr()` tells storages apart as on CUDA),
 // and its recording state: the Value it holds now (in-place ops rebind it) and the Recording of
 // its device.
@@ -71,8 +70,5 @@ inline bool isLazy(const at::Tensor& tensor) { return lazyImpl(tensor) != nullpt
 /// tensor it is a view of (it shares its storage and inference status), or nullptr.
 at::Tensor makeLazy(const ValuePtr& value, const Desc& desc, const c10::intrusive_ptr<Recording>& recording,
                     const at::Tensor* base);
-
-/// The storage of a new value of `nbytes` on `device`: a device address range of its own.
-c10::Storage newDeviceStorage(size_t nbytes, c10::Device device);
 
 }  // namespace genie::frontend

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "frontend/device_storage.h"
 #include "frontend/eager_checks.h"
 #include "frontend/host_eval.h"
 #include "frontend/lazy_tensor.h"
@@ -259,7 +260,10 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     const c10::IValue& a = first[w];
     auto note = [&](const c10::IValue& x) {
       if (!x.isTensor()) return;
-      if (LazyTensorImpl* impl = lazyImpl(x.toTensor())) writes.push_back(impl->value()->storage);
+      if (LazyTensorImpl* impl = lazyImpl(x.toTensor())) {
+        writes.push_back(impl->value()->storage);
+        if (impl->has_storage()) materializeIfCow(impl->storage());  // a lazy clone written: its own range
+      }
     };
     if (a.isList()) {
       for (const c10::IValue& x : a.toListRef()) note(x);

@@ -182,16 +182,11 @@ at::Tensor metaOf(const at::Tensor& t) {
   const auto options = at::TensorOptions().device(c10::kMeta).dtype(t.scalar_type());
   at::Tensor meta;
   const int64_t offset = t.storage_offset();
-  if (offset == 0) {
+  const int64_t held = storageElements(t);
+  if (offset == 0 && held <= static_cast<int64_t>(t.numel())) {  // the common case: a contiguous tensor
     meta = at::empty_strided(t.sizes(), t.strides(), options);
   } else {
-    int64_t span = 1;
-    bool empty = false;
-    for (size_t i = 0; i < t.sizes().size(); ++i) {
-      if (t.sizes()[i] == 0) empty = true;
-      span += (t.sizes()[i] - 1) * t.strides()[i];
-    }
-    meta = at::empty({offset + (empty ? 0 : span)}, options).as_strided(t.sizes(), t.strides(), offset);
+    meta = at::empty({held}, options).as_strided(t.sizes(), t.strides(), offset);
   }
   if (t.is_conj()) meta.unsafeGetTensorImpl()->_set_conj(true);
   if (t.is_neg()) meta.unsafeGetTensorImpl()->_set_neg(true);
@@ -265,6 +260,16 @@ void flatten(const c10::IValue& out, std::vector<Desc>& descs) {
 }
 
 }  // namespace
+
+int64_t storageElements(const at::Tensor& t) {
+  int64_t span = 1;
+  for (size_t i = 0; i < t.sizes().size(); ++i) {
+    if (t.sizes()[i] == 0) span = 0;
+    if (span > 0) span += (t.sizes()[i] - 1) * t.strides()[i];
+  }
+  const int64_t held = t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) / t.element_size() : 0;
+  return std::max(t.storage_offset() + span, held);
+}
 
 c10::IValue mapTensors(const c10::IValue& arg, const std::function<at::Tensor(const at::Tensor&)>& f,
                        c10::Device device) {

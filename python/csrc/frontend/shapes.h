@@ -67,6 +67,11 @@ struct NeedsNode : std::runtime_error {
 c10::IValue mapTensors(const c10::IValue& arg, const std::function<at::Tensor(const at::Tensor&)>& f,
                        c10::Device device);
 
+/// How many elements of `t`'s dtype its storage holds for the stacks above: what its geometry
+/// spans (offset included), or more when its storage is larger (a resize shrank it, it was set_
+/// onto a storage), as as_strided's bounds check reads it.
+int64_t storageElements(const at::Tensor& t);
+
 /// A shape rule's answer for `op` with the arguments on `args` (the whole schema's arguments, as
 /// the recorder got them), or nothing when no rule covers them.
 std::optional<Shapes> ruleShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);

@@ -70,6 +70,10 @@ def _device_module() -> types.ModuleType:
     from . import accelerator
     for function in accelerator.FUNCTIONS:
         setattr(module, function.__name__, function)
+    # The legacy storage classes (`tensor.storage_type()`, TypedStorage's `_get_legacy_storage_class`
+    # looks them up here): torch's own (torch.FloatStorage, ...), as for every device but CUDA.
+    for name in set(torch.storage._dtype_to_storage_type_map().values()):
+        setattr(module, name, getattr(torch, name))
     return module
 
 

@@ -137,6 +137,7 @@ class LazyTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol):
-        """Pickling (torch.save of a state dict, say) saves the values as a CPU tensor: loading
-        gives CPU tensors, as torch.load(..., map_location="cpu") would."""
-        return self.detach().cpu().__reduce_ex__(protocol)
+        """Pickling (torch.save) as a plain device tensor, as CUDA's: its storage is saved with its
+        device's location tag ("remote_accelerator:0"), and torch.load, weights_only included,
+        rebuilds it on that device (or map_location's) without naming this class."""
+        return self._reduce_ex_internal(protocol)

@@ -55,7 +55,8 @@ def test_deepcopy_of_a_module_is_independent():
     assert torch.equal(model(X.to(DEV)).cpu(), _mlp()(X))  # the original did not change
 
 
-def test_state_dict_saves_as_cpu_tensors():
+def test_state_dict_saves_and_loads_on_the_device():
+    # As on CUDA: the storages are saved with their device's location tag and loaded back onto it.
     model = _mlp().to(DEV)
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
@@ -64,7 +65,10 @@ def test_state_dict_saves_as_cpu_tensors():
     expected = _mlp().state_dict()
     assert loaded.keys() == expected.keys()
     for name, tensor in loaded.items():
-        assert tensor.device.type == "cpu" and torch.equal(tensor, expected[name])
+        assert tensor.device.type == "remote_accelerator" and torch.equal(tensor.cpu(), expected[name])
+    buffer.seek(0)
+    on_cpu = torch.load(buffer, map_location="cpu")
+    assert all(t.device.type == "cpu" and torch.equal(t, expected[k]) for k, t in on_cpu.items())
     fresh = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEV)
     fresh.load_state_dict(loaded)
     assert torch.equal(fresh(X.to(DEV)).cpu(), _mlp()(X))

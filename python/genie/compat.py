@@ -15,7 +15,7 @@ import torch
 from . import _C
 from .graph import op_name
 from .lazy import storage_owner
-from .recorder import record_op
+from .recorder import record_op, runtime_of
 
 aten = torch.ops.aten
 
@@ -91,6 +91,29 @@ def _lazy_clone(func, args, kwargs):
     if _C.is_lazy(out) and _C.is_lazy(args[0]):
         _C.lazy_clone_storage(out, args[0])
     return out
+
+
+def _masked_scatter(func, args, kwargs):
+    """aten::masked_scatter / masked_scatter_(self, mask, source): eager's check that `source`
+    has at least as many elements as `mask` (broadcast to self's shape) has ones, raised at the
+    op when the mask's values are known on the host without a request (an uploaded mask,
+    genie.host_eval), as the CPU raises it. Otherwise the node raises it at the next
+    materialization, as for any error that depends on values."""
+    self, mask, source = args[0], args[1], args[2]
+    if func is aten.masked_scatter_.default and isinstance(mask, torch.Tensor):
+        # eager expands the mask to self's shape (expand_inplace), with expand's error: a CPU
+        # tensor of the mask's shape over one element raises it word for word
+        torch.empty_strided(mask.shape, [0] * mask.dim(), dtype=mask.dtype).expand(self.shape)
+    if _C.is_lazy(mask) and mask.dtype == torch.bool and isinstance(source, torch.Tensor):
+        host = runtime_of(mask).host_copy(mask)
+        if host is not None:
+            try:
+                ones = int(torch.broadcast_to(host, self.shape).sum())
+            except RuntimeError:
+                ones = None  # the shapes do not broadcast: the recorder raises eager's error
+            if ones is not None and source.numel() < ones:
+                raise RuntimeError(f"{op_name(func)}: Number of elements of source < number of ones in mask")
+    return record_op(func, args, kwargs)
 
 
 def _indices(func, args, kwargs):
@@ -227,6 +250,8 @@ HANDLERS = {
     aten.ctc_loss.Tensor: _ctc_loss_host_lengths,
     aten.set_.source_Storage: _set_storage,
     aten._lazy_clone.default: _lazy_clone,
+    aten.masked_scatter.default: _masked_scatter,
+    aten.masked_scatter_.default: _masked_scatter,
     aten.set_.source_Storage_storage_offset: _set_storage,
 }
 # Handled here only when an index is a host tensor, a uint8 mask or a mask of a put (see _indices);

@@ -258,6 +258,17 @@ class Runtime(Connection, Uploads, RngOps):
                 out = out.reshape(tensor.shape)
         return out
 
+    def host_copy(self, tensor) -> "torch.Tensor | None":
+        """The tensor's exact values if the host knows them without a request (genie.host_eval:
+        small integer and bool uploads and what is computed from them); None otherwise. Used
+        for eager's value checks at the op (genie.compat); the result must not be changed."""
+        if self.in_flight or self._deferred is not None:
+            return None
+        host = self.recording.host_value(self.value_of(tensor))
+        if host is None or host.numel() != tensor.numel():
+            return None
+        return host.reshape(tensor.shape)
+
     def _read_in_slices(self, tensor) -> torch.Tensor:
         """The values of a large contiguous tensor (genie.progress.large_read), read in
         progress.CHUNK_BYTES slices, one request each, with a progress bar: contiguous, on the

@@ -169,6 +169,8 @@ def copy(func, args, kwargs):
         src, dst = args[0], args[1]
     else:
         dst, src = args[0], args[1]
+    if not isinstance(src, torch.Tensor):  # a Python number (`grad.copy_(float("inf"))`): a wrapped number
+        src = torch.tensor(src)
     if _C.is_lazy(dst):
         if _C.is_lazy(src) and src.device == dst.device:
             return record_op(aten.copy_.default, (dst, src), {})

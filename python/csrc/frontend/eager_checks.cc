@@ -6,6 +6,8 @@
 #include <c10/util/safe_numerics.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/empty_strided.h>
@@ -352,25 +354,51 @@ void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
 /// The probe's size limit: all its tensors together, bytes.
 constexpr int64_t kProbeBytes = int64_t{64} << 20;
 
-/// A CPU tensor of `t`'s geometry (sizes, strides, storage offset, dtype, conj/neg bits; a storage
-/// of as many elements as `t`'s holds) filled
-/// with `fill`; `t` itself when it is not a LazyTensor (a wrapped number, a CPU scalar).
-at::Tensor cpuOf(const at::Tensor& t, double fill, int64_t& bytes) {
-  if (!t.defined() || !isLazy(t)) return t;
-  const int64_t elements = storageElements(t);
-  bytes += elements * static_cast<int64_t>(c10::elementSize(t.scalar_type()));
-  TORCH_CHECK(bytes <= kProbeBytes, "probe too large");
-  at::Tensor base = at::empty({elements}, at::TensorOptions().dtype(t.scalar_type()));
-  base.fill_(fill);
-  at::Tensor cpu = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) cpu.unsafeGetTensorImpl()->_set_conj(true);
-  if (t.is_neg()) cpu.unsafeGetTensorImpl()->_set_neg(true);
-  return cpu;
-}
+/// The CPU tensors of one probe run. LazyTensors on one storage get views of one CPU buffer, so
+/// that the CPU sees the aliasing eager would (in-place ops on overlapping arguments).
+class ProbeTensors {
+ public:
+  ProbeTensors(const torch::jit::Stack& args, double fill) : fill_(fill) {
+    for (const c10::IValue& arg : args) mapTensors(arg, [&](const at::Tensor& t) { measure(t); return t; }, c10::Device(c10::kCPU));
+    int64_t bytes = 0;
+    for (auto& [storage, base] : bases_) bytes += base.nbytes;
+    TORCH_CHECK(bytes <= kProbeBytes, "probe too large");
+  }
+  c10::IValue arg(const c10::IValue& a) {
+    return mapTensors(a, [&](const at::Tensor& t) { return of(t); }, c10::Device(c10::kCPU));
+  }
 
-c10::IValue cpuArg(const c10::IValue& arg, double fill, int64_t& bytes) {
-  return mapTensors(arg, [&](const at::Tensor& t) { return cpuOf(t, fill, bytes); }, c10::Device(c10::kCPU));
-}
+ private:
+  struct Base {
+    int64_t nbytes = 0;
+    at::Tensor bytes;  // uint8 [nbytes], made at first use
+  };
+
+  void measure(const at::Tensor& t) {
+    if (!t.defined() || !isLazy(t)) return;
+    const int64_t itemsize = static_cast<int64_t>(c10::elementSize(t.scalar_type()));
+    const int64_t nbytes = (storageElements(t) * itemsize + 15) / 16 * 16;  // whole elements of any dtype
+    Base& base = bases_[t.storage().unsafeGetStorageImpl()];
+    base.nbytes = std::max(base.nbytes, nbytes);
+  }
+
+  /// A CPU tensor of `t`'s geometry (sizes, strides, storage offset, dtype, conj/neg bits) on its
+  /// storage's buffer, its elements filled with `fill`; `t` itself when it is not a LazyTensor (a
+  /// wrapped number, a CPU scalar).
+  at::Tensor of(const at::Tensor& t) {
+    if (!t.defined() || !isLazy(t)) return t;
+    Base& base = bases_.at(t.storage().unsafeGetStorageImpl());
+    if (!base.bytes.defined()) base.bytes = at::zeros({base.nbytes}, at::TensorOptions().dtype(at::kByte));
+    at::Tensor cpu = base.bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset());
+    cpu.fill_(fill_);
+    if (t.is_conj()) cpu.unsafeGetTensorImpl()->_set_conj(true);
+    if (t.is_neg()) cpu.unsafeGetTensorImpl()->_set_neg(true);
+    return cpu;
+  }
+
+  const double fill_;
+  std::unordered_map<const c10::StorageImpl*, Base> bases_;
+};
 
 /// Whether the probe may run `op`: it draws no random numbers (the CPU generator must not move),
 /// writes only LazyTensors, and holds no quantized or sparse tensor.
@@ -401,10 +429,10 @@ bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
 /// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
 std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill) {
   try {
-    int64_t bytes = 0;
+    ProbeTensors tensors(args, fill);
     torch::jit::Stack stack;
     stack.reserve(args.size());
-    for (const c10::IValue& arg : args) stack.push_back(cpuArg(arg, fill, bytes));
+    for (const c10::IValue& arg : args) stack.push_back(tensors.arg(arg));
     try {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::impl::ExcludeDispatchKeyGuard no_python(
@@ -497,10 +525,41 @@ void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, cons
   for (int w : facts.writes) {
     if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) return raiseAsEager(op, facts, args);
   }
+  // A written tensor that overlaps itself (an expanded tensor) or another argument: eager's
+  // memory-overlap checks (TensorIterator's, index_put's, ...) raise or not, op by op.
+  const c10::StorageImpl* written[4] = {};
+  size_t n_written = 0;
   bool unusual = false;
+  for (int w : facts.writes) {
+    if (w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
+    const at::Tensor& t = args[w].toTensor();
+    if (!t.defined() || !isLazy(t)) continue;
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+      // A random op is never probed (the CPU generator must not move): its in-place kernels are
+      // TensorIterator's, which refuse a written tensor that overlaps itself.
+      if (facts.seeded) at::assert_no_internal_overlap(t);
+      unusual = true;
+    }
+    if (n_written < 4) written[n_written++] = t.storage().unsafeGetStorageImpl();
+  }
   auto visit = [&](const at::Tensor& t) {
     unusual = unusual || (t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64));
   };
+  int on_written = 0;  // tensor arguments on a written storage (the written ones included)
+  auto count = [&](const at::Tensor& t) {
+    if (n_written == 0 || !t.defined() || !isLazy(t)) return;
+    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    if (std::find(written, written + n_written, s) != written + n_written) ++on_written;
+  };
+  for (const c10::IValue& x : args) {
+    if (x.isTensor()) count(x.toTensor());
+    if (x.isList()) {  // Tensor[] and Tensor?[] (index_put's indices)
+      for (const c10::IValue& y : x.toListRef()) {
+        if (y.isTensor()) count(y.toTensor());
+      }
+    }
+  }
+  if (on_written > static_cast<int>(n_written)) unusual = true;
   for (const c10::IValue& x : args) {
     if (x.isTensor()) visit(x.toTensor());
     if (x.isTensorList()) {

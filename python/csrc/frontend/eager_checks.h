@@ -54,6 +54,11 @@ void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 /// check out= arguments by the reference's rule (any safe cast), where eager's kernels may
 /// require the input's dtype (`torch.neg(float32, out=float64)` raises "Found dtype Double but
 /// expected Float") or refuse the op for the dtype (`torch.floor(complex64, out=...)`).
+/// Also for a call that writes a tensor overlapping itself (an expanded tensor) or sharing its
+/// storage with another argument: eager's memory-overlap checks ("unsupported operation: more
+/// than one element of the written-to tensor refers to a single memory location") are op by op,
+/// and the probe's tensors on one storage share one CPU buffer. A random op is not probed; one
+/// that writes a self-overlapping tensor raises TensorIterator's error (at::assert_no_internal_overlap).
 void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 }  // namespace genie::frontend

@@ -467,8 +467,8 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
           raiseAsEager(op, *facts, args);  // the CPU kernel's error where it raises one alike
           throw;                           // else the meta kernel's
         }
-        checkUnusualOnCpu(op, *facts, args);
       }
+      checkUnusualOnCpu(op, *facts, args);
       refuseUnsupported(*facts, args, *inferred);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)

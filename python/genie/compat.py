@@ -129,6 +129,11 @@ def _indices(func, args, kwargs):
       none, there and here.
     A bool mask of index.Tensor then takes the device's data-dependent path."""
     self, indices = args[0], args[1]
+    if not _C.is_lazy(self) and any(i is not None and _C.is_lazy(i) for i in indices):
+        # a host tensor indexed with device indices: eager's rule (indices on the CPU or on the
+        # indexed tensor's device), as CUDA raises it
+        raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
+                           f"({self.device})")
     if not _C.is_lazy(self) or not indices:
         return record_op(func, args, kwargs)
     moved = []

@@ -608,11 +608,18 @@ size_t dtypeSize(DType dtype) {
     case DType::Float8_e4m3fn:
     case DType::Float8_e5m2:
     case DType::Float8_e4m3fnuz:
-    case DType::Float8_e5m2fnuz: return 1;
+    case DType::Float8_e5m2fnuz:
+    case DType::Float8_e8m0fnu:
+    case DType::Float4_e2m1fn_x2:
+    case DType::Bits1x8:
+    case DType::Bits2x4:
+    case DType::Bits4x2:
+    case DType::Bits8: return 1;
     case DType::Float16:
     case DType::BFloat16:
     case DType::Int16:
-    case DType::UInt16: return 2;
+    case DType::UInt16:
+    case DType::Bits16: return 2;
     case DType::Float32:
     case DType::Int32:
     case DType::UInt32:

@@ -66,6 +66,11 @@ TEST(WireNames, DTypeSizesAndNames) {
   EXPECT_EQ(dtypeSize(DType::ComplexHalf), 4u);
   EXPECT_EQ(dtypeSize(DType::Float8_e4m3fnuz), 1u);
   EXPECT_EQ(dtypeSize(DType::Float8_e5m2fnuz), 1u);
+  EXPECT_EQ(dtypeSize(DType::Float8_e8m0fnu), 1u);
+  EXPECT_EQ(dtypeSize(DType::Float4_e2m1fn_x2), 1u);
+  EXPECT_EQ(dtypeSize(DType::Bits1x8), 1u);
+  EXPECT_EQ(dtypeSize(DType::Bits8), 1u);
+  EXPECT_EQ(dtypeSize(DType::Bits16), 2u);
   EXPECT_EQ(dtypeSize(static_cast<DType>(100)), 0u);
   EXPECT_EQ(dtypeName(DType::Float32), "Float32");
   EXPECT_EQ(dtypeName(DType::Float8_e4m3fn), "Float8_e4m3fn");

@@ -37,6 +37,13 @@ inline constexpr TorchDTypePair kTorchDTypes[] = {
     {DType::ComplexHalf, c10::ScalarType::ComplexHalf},
     {DType::Float8_e4m3fnuz, c10::ScalarType::Float8_e4m3fnuz},
     {DType::Float8_e5m2fnuz, c10::ScalarType::Float8_e5m2fnuz},
+    {DType::Float8_e8m0fnu, c10::ScalarType::Float8_e8m0fnu},
+    {DType::Float4_e2m1fn_x2, c10::ScalarType::Float4_e2m1fn_x2},
+    {DType::Bits1x8, c10::ScalarType::Bits1x8},
+    {DType::Bits2x4, c10::ScalarType::Bits2x4},
+    {DType::Bits4x2, c10::ScalarType::Bits4x2},
+    {DType::Bits8, c10::ScalarType::Bits8},
+    {DType::Bits16, c10::ScalarType::Bits16},
 };
 
 /// The torch scalar type of a wire dtype; nullopt for Undefined and values outside the enum.

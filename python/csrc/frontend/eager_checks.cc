@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/zeros.h>
@@ -23,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "frontend/lazy_tensor.h"
@@ -400,10 +402,10 @@ class ProbeTensors {
   std::unordered_map<const c10::StorageImpl*, Base> bases_;
 };
 
-/// Whether the probe may run `op`: it draws no random numbers (the CPU generator must not move),
-/// writes only LazyTensors, and holds no quantized or sparse tensor.
+/// Whether the probe may run `op`: it takes no explicit generator (a random op draws from the
+/// CPU's default generator, whose state eagerError restores), writes only LazyTensors, and holds
+/// no quantized or sparse tensor.
 bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
-  if (facts.seeded) return false;
   for (size_t i = 0; i < args.size() && i < facts.args.size(); ++i) {
     if (facts.args[i] == ArgKind::kGenerator && !args[i].isNone()) return false;
   }
@@ -457,6 +459,18 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
 /// the node). Null when there is none.
 std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   if (!probeable(facts, args)) return nullptr;
+  struct KeepCpuGenerator {  // a random op must not move the program's CPU random stream
+    explicit KeepCpuGenerator(bool seeded) {
+      if (seeded) state = at::detail::getDefaultCPUGenerator().get_state();
+    }
+    ~KeepCpuGenerator() {
+      if (state.defined()) {
+        at::Generator generator = at::detail::getDefaultCPUGenerator();
+        generator.set_state(state);
+      }
+    }
+    at::Tensor state;
+  } keep(facts.seeded);
   std::exception_ptr zeros = probeOnce(op, args, 0.0);
   if (!zeros) return nullptr;
   std::exception_ptr ones = probeOnce(op, args, 1.0);
@@ -508,8 +522,18 @@ const std::unordered_map<std::string, Check>& checks() {
 
 }  // namespace
 
+/// Ops whose eager checks the meta kernels miss in many forms (index_add's slice shapes,
+/// cummax's dimension of an empty tensor): always probed on a plan-cache miss.
+bool alwaysProbed(const std::string& name) {
+  static const auto* names = new std::unordered_set<std::string>{
+      "aten::index_add", "aten::index_add_", "aten::index_copy", "aten::index_copy_", "aten::index_reduce",
+      "aten::index_reduce_", "aten::cummax", "aten::cummin"};
+  return names->count(name) != 0;
+}
+
 void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   const std::string& name = op.schema().name();
+  if (alwaysProbed(name)) raiseAsEager(op, facts, args);
   if (name == "aten::nonzero" && op.schema().overload_name() == "out") return checkNonzeroOut(facts, args);
   const auto& table = checks();
   const auto it = table.find(name);

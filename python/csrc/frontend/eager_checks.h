@@ -23,7 +23,9 @@ namespace genie::frontend {
 struct OpFacts;
 
 /// Raises eager's error for `op` with the arguments on `args` (the whole schema's arguments, as
-/// the recorder got them), if eager raises one that the meta kernel does not. Returns otherwise.
+/// the recorder got them), if eager raises one that the meta kernel does not: checks by operator
+/// (eager_checks.cc `checks`), and raiseAsEager for index_add, index_copy, index_reduce, cummax
+/// and cummin. Returns otherwise.
 void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 /// Raises eager's own error for the call, when the meta kernel raised another one (or another
@@ -32,8 +34,8 @@ void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 /// with zeros and once with ones, and the CPU's error is raised (its class and message, then
 /// "(genie: <op> on remote_accelerator, checked on the client by its CPU kernel)") when both runs
 /// raise it alike: such an error depends on shapes and dtypes only. Returns otherwise, and
-/// without running anything for ops that draw random numbers or touch quantized or sparse
-/// tensors. Errors of kernels the CPU lacks (NotImplementedError, "not implemented for
+/// without running anything for ops given a generator or touching quantized or sparse tensors
+/// (a random op draws from the CPU's default generator, whose state is restored after). Errors of kernels the CPU lacks (NotImplementedError, "not implemented for
 /// '<dtype>'") are not eager's on the node's device and are ignored.
 void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 

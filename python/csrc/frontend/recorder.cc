@@ -198,6 +198,7 @@ bool recordsHere(Route route, const c10::IValue* first, size_t n) {
       // and, for a put of a value with other than one element, bool masks into indices (eager's
       // nonzero: how many elements a mask selects decides whether the value fits).
       if (!first[1].isList()) return false;
+      if (!first[0].isTensor() || !isLazy(first[0].toTensor())) return false;  // a host tensor indexed: Python's error
       const c10::IValue* value = n > 2 && first[2].isTensor() ? &first[2] : nullptr;  // index_put's values
       const bool put = value != nullptr && value->toTensor().defined() && value->toTensor().numel() != 1;
       for (const c10::IValue& x : first[1].toListRef()) {
@@ -316,6 +317,9 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
       outputs.push_back(*sources[i]);
     } else {
       const at::Tensor* base = kinds[i] == ReturnFacts::kView ? sources[i] : nullptr;
+      if (base == nullptr && desc.dtype == at::kComplexHalf) {  // as eager's allocation (empty_generic) warns
+        TORCH_WARN_ONCE("ComplexHalf support is experimental and many operators don't support it yet.");
+      }
       outputs.push_back(makeLazy(node->outputs[i], desc, rec_ptr, base));
       recorded.fresh.push_back(outputs.back());
     }

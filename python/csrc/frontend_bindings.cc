@@ -378,6 +378,8 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       .def_readwrite("max_pending", &Recording::max_pending)
       .def_readwrite("cache_write_grace", &Recording::cache_write_grace)
       .def_readwrite("connected", &Recording::connected)
+      .def_property("cpu_kernels", [](const Recording& r) { return r.cpu_kernels.load(); },
+                    [](Recording& r, bool v) { r.cpu_kernels.store(v); })
       .def_property("logging", [](const Recording& r) { return r.logging; },
                     [](Recording& r, bool on) {
                       r.logging = on;

@@ -48,6 +48,7 @@ class Connection:
             self.recording.clear_graphs()
             self.recording.async_chunk = self._async_chunk_for(self.client)
             self.recording.connected = True
+            self.recording.cpu_kernels = str(self.client.device) == "cpu"
             self._forget_rng_state()
         return self.client
 

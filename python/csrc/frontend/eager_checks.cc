@@ -6,6 +6,7 @@
 #include <c10/util/safe_numerics.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/zeros.h>
@@ -29,6 +30,7 @@
 
 #include "frontend/lazy_tensor.h"
 #include "frontend/op_facts.h"
+#include "frontend/recording.h"
 #include "frontend/shapes.h"
 
 namespace genie::frontend {
@@ -224,6 +226,14 @@ void checkClamp(const OpFacts& facts, const torch::jit::Stack& args) {
 
 // ---- add/sub alpha: aten/src/ATen/native/BinaryOps.h alpha_check ------------------------------
 
+/// put/put_(self, index, source, accumulate): eager's nondeterminism alert without accumulate
+/// (aten/src/ATen/native/TensorAdvancedIndexing.cpp put_), an error or a warning as
+/// torch.use_deterministic_algorithms says.
+void checkPut(const OpFacts& /*facts*/, const torch::jit::Stack& args) {
+  const bool accumulate = args.size() > 3 && args[3].isBool() && args[3].toBool();
+  if (!accumulate) at::globalContext().alertNotDeterministic("put_");
+}
+
 /// add/sub(_)(self, other, alpha) and their out= and Scalar overloads: alpha's kind must suit the
 /// result's dtype (the Python meta kernel raises ValueError, or nothing for bool tensors).
 void checkAlpha(const OpFacts& facts, const torch::jit::Stack& args) {
@@ -356,6 +366,19 @@ void checkNonzeroOut(const OpFacts& facts, const torch::jit::Stack& args) {
 /// The probe's size limit: all its tensors together, bytes.
 constexpr int64_t kProbeBytes = int64_t{64} << 20;
 
+/// Whether the node of the call's tensors runs the CPU's kernels (Recording::cpu_kernels).
+bool onCpuKernels(const torch::jit::Stack& args) {
+  for (const c10::IValue& x : args) {
+    if (x.isTensor() && isLazy(x.toTensor())) return lazyImpl(x.toTensor())->recording().cpu_kernels.load();
+    if (x.isList()) {
+      for (const c10::IValue& y : x.toListRef()) {
+        if (y.isTensor() && isLazy(y.toTensor())) return lazyImpl(y.toTensor())->recording().cpu_kernels.load();
+      }
+    }
+  }
+  return false;
+}
+
 /// The CPU tensors of one probe run. LazyTensors on one storage get views of one CPU buffer, so
 /// that the CPU sees the aliasing eager would (in-place ops on overlapping arguments).
 class ProbeTensors {
@@ -429,7 +452,8 @@ bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
 
 /// One run of `op` on CPU tensors filled with `fill`: the c10::Error it raised, or null (it ran,
 /// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
-std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill) {
+std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill,
+                             bool cpu_kernels) {
   try {
     ProbeTensors tensors(args, fill);
     torch::jit::Stack stack;
@@ -443,7 +467,9 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
     } catch (const c10::Error& e) {
       // A kernel or a dtype the CPU lacks: eager on the node's device may have it.
       const std::string_view what = e.what_without_backtrace();
-      if (what.find("Could not run") != std::string_view::npos || what.find("not implemented for '") != std::string_view::npos) {
+      // (A node that runs the CPU's kernels lacks the dtype too: then it is eager's error.)
+      if (what.find("Could not run") != std::string_view::npos ||
+          (!cpu_kernels && what.find("not implemented for '") != std::string_view::npos)) {
         return nullptr;
       }
       return std::current_exception();
@@ -471,9 +497,10 @@ std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& fact
     }
     at::Tensor state;
   } keep(facts.seeded);
-  std::exception_ptr zeros = probeOnce(op, args, 0.0);
+  const bool cpu_kernels = onCpuKernels(args);
+  std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels);
   if (!zeros) return nullptr;
-  std::exception_ptr ones = probeOnce(op, args, 1.0);
+  std::exception_ptr ones = probeOnce(op, args, 1.0, cpu_kernels);
   if (!ones) return nullptr;
   auto describe = [](const std::exception_ptr& e) -> std::pair<const std::type_info*, std::string> {
     try {
@@ -593,12 +620,35 @@ void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, cons
   if (unusual) raiseAsEager(op, facts, args);
 }
 
+std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args, const std::exception& error) {
+  if (std::string_view(error.what()).find("does not have a deterministic implementation") ==
+          std::string_view::npos ||
+      !onCpuKernels(args)) {
+    return std::nullopt;
+  }
+  auto& context = at::globalContext();
+  const bool warn_only = context.deterministicAlgorithmsWarnOnly();
+  context.setDeterministicAlgorithms(false, false);
+  try {
+    Shapes shapes = metaShapes(op, facts, args);
+    context.setDeterministicAlgorithms(true, warn_only);
+    return shapes;
+  } catch (...) {
+    context.setDeterministicAlgorithms(true, warn_only);
+    throw;
+  }
+}
+
 bool warnsAsEager(const std::string& name) {
-  return name == "aten::std" || name == "aten::var" || name == "aten::std_mean" || name == "aten::var_mean";
+  return name == "aten::std" || name == "aten::var" || name == "aten::std_mean" || name == "aten::var_mean" ||
+         name == "aten::put" || name == "aten::put_";
 }
 
 void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n) {
-  warnDegreesOfFreedom(facts, torch::jit::Stack(first, first + n));
+  const torch::jit::Stack args(first, first + n);
+  if (facts.name.rfind("aten::put", 0) == 0) return checkPut(facts, args);
+  warnDegreesOfFreedom(facts, args);
 }
 
 }  // namespace genie::frontend

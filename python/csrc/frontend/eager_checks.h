@@ -18,6 +18,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <exception>
+#include <optional>
+
+#include "frontend/shapes.h"
+
 namespace genie::frontend {
 
 struct OpFacts;
@@ -39,9 +44,19 @@ void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 /// '<dtype>'") are not eager's on the node's device and are ignored.
 void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
+/// The outputs of the call when the meta kernel raised `error`, a nondeterminism alert that the
+/// node's kernels do not raise: Python meta kernels alert for every device but the CPU (median
+/// with indices, histc) as CUDA's kernels do, and a node that runs the CPU's kernels
+/// (Recording::cpu_kernels) is the CPU. The meta kernel runs again with deterministic
+/// algorithms off (process-wide, for that call). Nothing for any other error or node; what the
+/// meta kernel raises then propagates.
+std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args, const std::exception& error);
+
 /// Whether eager's kernel of the operator `name` ("aten::std", without the overload) warns about
 /// its arguments where the meta kernel does not: std, var, std_mean and var_mean with no degrees
-/// of freedom left. OpFacts::warns.
+/// of freedom left; put and put_ without accumulate under torch.use_deterministic_algorithms (its
+/// nondeterminism alert: an error, or a warning with warn_only). OpFacts::warns.
 bool warnsAsEager(const std::string& name);
 /// Eager's warning for the call, if it warns (TORCH_WARN: a Python UserWarning at the call).
 /// Runs on every call of an op whose facts say `warns`, plan-cache hits included: eager warns

@@ -467,9 +467,13 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
           inferred = metaShapes(op, *facts, args);
         } catch (const NeedsNode&) {
           throw;
-        } catch (...) {
+        } catch (const std::exception& error) {
           raiseAsEager(op, *facts, args);  // the CPU kernel's error where it raises one alike
-          throw;                           // else the meta kernel's
+          inferred = shapesOnCpuKernels(op, *facts, args, error);  // a CUDA-only alert on a CPU node
+          if (!inferred) throw;                                     // else the meta kernel's
+        } catch (...) {
+          raiseAsEager(op, *facts, args);
+          throw;
         }
       }
       checkUnusualOnCpu(op, *facts, args);

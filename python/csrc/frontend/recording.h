@@ -65,6 +65,10 @@ class Recording final : public c10::intrusive_ptr_target {
   int64_t max_pending = 20000;
   int64_t cache_write_grace = 64;
   bool connected = false;
+  /// The node runs the CPU's kernels (its Welcome names device "cpu"): the CPU probe's answers
+  /// are then the node's own, "not implemented for" and nondeterminism alerts included
+  /// (eager_checks.h). Set by genie.connection at connect; read without the lock.
+  std::atomic<bool> cpu_kernels{false};
   /// genie.capture: while set, every appended node is also kept here.
   bool logging = false;
   std::vector<NodePtr> log;

@@ -100,10 +100,14 @@ def _masked_scatter(func, args, kwargs):
     genie.host_eval), as the CPU raises it. Otherwise the node raises it at the next
     materialization, as for any error that depends on values."""
     self, mask, source = args[0], args[1], args[2]
+    where = f" (genie: {op_name(func)} on remote_accelerator, checked on the client)"
     if func is aten.masked_scatter_.default and isinstance(mask, torch.Tensor):
         # eager expands the mask to self's shape (expand_inplace), with expand's error: a CPU
         # tensor of the mask's shape over one element raises it word for word
-        torch.empty_strided(mask.shape, [0] * mask.dim(), dtype=mask.dtype).expand(self.shape)
+        try:
+            torch.empty_strided(mask.shape, [0] * mask.dim(), dtype=mask.dtype).expand(self.shape)
+        except RuntimeError as error:
+            raise RuntimeError(str(error) + where) from None
     if _C.is_lazy(mask) and mask.dtype == torch.bool and isinstance(source, torch.Tensor):
         host = runtime_of(mask).host_copy(mask)
         if host is not None:
@@ -112,7 +116,8 @@ def _masked_scatter(func, args, kwargs):
             except RuntimeError:
                 ones = None  # the shapes do not broadcast: the recorder raises eager's error
             if ones is not None and source.numel() < ones:
-                raise RuntimeError(f"{op_name(func)}: Number of elements of source < number of ones in mask")
+                raise RuntimeError("Number of elements of source < number of ones in mask" + where[:-1] +
+                                   " with the mask's values known on the host)")
     return record_op(func, args, kwargs)
 
 

@@ -191,7 +191,7 @@ def copy(func, args, kwargs):
 def local_scalar_dense(func, args, kwargs):
     """aten::_local_scalar_dense (`tensor.item()`): the one element, read from the node."""
     if args[0].numel() == 0:  # eager's check (`item()` raises its own before it gets here)
-        raise RuntimeError("_local_scalar_dense: Empty tensor not supported")
+        raise RuntimeError("_local_scalar_dense: Empty tensor not supported (genie: remote_accelerator)")
     return runtime_of(args[0]).fetch(args[0]).item()
 
 

@@ -8,6 +8,8 @@ import warnings
 import pytest
 import torch
 
+from torch.testing._internal.common_utils import DeterministicGuard
+
 import genie  # noqa: F401
 
 DEV = "remote_accelerator:0"
@@ -81,6 +83,19 @@ def _t(data, device, **kwargs):
     lambda d: torch.heaviside(_t([1.], d), _t([1], d)),
     lambda d: torch.ones([1] * 65, device=d).sum(dim=0),
     lambda d: torch.pow(_t([2], d), -1),  # an integer to a negative integer power
+    # memory overlap: a written tensor that overlaps itself or another argument (CPU probe, its
+    # tensors on one storage sharing one buffer); a random op's self-overlap
+    lambda d: torch.ones(1, device=d).expand(3).copy_(_t([1., 2., 3.], d)),
+    lambda d: (lambda y: y.index_put_((_t([2, 1, 0], d),), y[:3]))(_t([1., 2., 3., 4., 5., 6.], d)),
+    lambda d: torch.zeros(1, device=d).expand(3).bernoulli_(),
+    # ops always probed: index_add's slice shapes, cummax over a dimension an empty tensor lacks
+    lambda d: torch.zeros((), device=d).index_add(0, _t([0], d), torch.ones(1, 1, 1, device=d)),
+    lambda d: torch.zeros(0, device=d).cummax(-46),
+    # masked_scatter_: a mask that does not expand; a source shorter than a host-known mask's ones
+    lambda d: torch.zeros(2, device=d).masked_scatter_(torch.ones(2, 1, 2, 1, dtype=torch.bool, device=d),
+                                                       torch.ones(4, device=d)),
+    lambda d: torch.zeros(4, device=d).masked_scatter_(_t([True, True, True, False], d), torch.ones(2, device=d)),
+    lambda d: torch.ops.aten._local_scalar_dense(torch.zeros(0, device=d)),
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
@@ -88,7 +103,10 @@ def _t(data, device, **kwargs):
         "floor-out-complex", "add-out-unsafe-cast", "cat-out-unsafe-cast", "add_-int-float", "addcdiv-int",
         "add-int-float-alpha", "add-bool-float-alpha", "sub-float-complex-alpha", "resize_-bytes-overflow",
         "resize_-numel-overflow", "resize_-stride-overflow", "maximum-complex", "heaviside-complex",
-        "heaviside-dtypes", "sum-65-dims", "pow-int-negative"])
+        "heaviside-dtypes", "sum-65-dims", "pow-int-negative", "copy_-into-expanded",
+        "index_put_-value-aliasing-self", "bernoulli_-expanded",
+        "index_add-slice-shapes", "cummax-empty-dim", "masked_scatter_-mask-shape",
+        "masked_scatter_-short-source", "local_scalar_dense-empty"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 
@@ -302,3 +320,48 @@ def test_deterministic_mode_fills_uninitialized_memory(dtype):
             assert torch.equal(got, want) or (dtype.is_floating_point and got.isnan().all() and want.isnan().all())
     finally:
         torch.use_deterministic_algorithms(with_deterministic)
+
+
+def test_nondeterminism_alerts_are_the_nodes_kernels():
+    # put_ without accumulate alerts on every call, as eager's kernel; median with indices and
+    # histc alert only on CUDA, and this node runs the CPU's kernels
+    x = torch.ones(4, device=DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with DeterministicGuard(True):
+            for _ in range(2):  # the second call hits the plan cache
+                with pytest.raises(RuntimeError, match="put_ does not have a deterministic implementation"):
+                    x.put_(_t([0, 0], DEV), _t([1., 2.], DEV))
+            values, indices = torch.median(_t([3., 1., 2.], DEV), 0)
+            assert (values.item(), indices.item()) == (2.0, 2)
+            assert torch.histc(_t([1., 2., 1.], DEV), bins=2, min=0, max=3).cpu().tolist() == [2.0, 1.0]
+
+
+def test_host_tensor_indexed_with_device_indices_raises_eagers_rule():
+    with pytest.raises(RuntimeError, match=r"indices should be either on cpu or on the same device as the indexed "
+                                           r"tensor \(cpu\)"):
+        torch.zeros(3, 4)[_t([0, 2], DEV)]
+
+
+def test_complex_half_tensors_warn_as_eager():
+    torch._C._set_warnAlways(True)
+    try:
+        with pytest.warns(UserWarning, match="ComplexHalf support is experimental"):
+            torch.zeros(2, dtype=torch.chalf, device=DEV)
+    finally:
+        torch._C._set_warnAlways(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bits8, torch.bits16, torch.float4_e2m1fn_x2])
+def test_raw_bit_dtypes_travel(dtype):
+    raw = torch.ones(64, dtype=torch.uint8, device=DEV)
+    raw.view(dtype).zero_()
+    assert raw.count_nonzero().item() == 0
+
+
+def test_a_dtype_the_nodes_cpu_kernels_lack_raises_at_the_op():
+    # once connected, the client knows the node runs the CPU's kernels: the probe's "not
+    # implemented for" is then eager's error on the node's device
+    assert torch.ones(1, device=DEV).cpu().item() == 1.0
+    assert_raises_as_eager(lambda d: torch.ones(3, 2, dtype=torch.complex64, device=d).cummax(0))
+    assert_raises_as_eager(lambda d: torch.ones(3, dtype=torch.complex64, device=d).erf())

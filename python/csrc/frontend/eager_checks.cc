@@ -588,7 +588,14 @@ void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, cons
     if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
       // A random op is never probed (the CPU generator must not move): its in-place kernels are
       // TensorIterator's, which refuse a written tensor that overlaps itself.
-      if (facts.seeded) at::assert_no_internal_overlap(t);
+      if (facts.seeded) {
+        try {
+          at::assert_no_internal_overlap(t);
+        } catch (c10::Error& e) {
+          e.add_context("genie: " + facts.name + " on remote_accelerator, checked on the client");
+          throw;
+        }
+      }
       unusual = true;
     }
     if (n_written < 4) written[n_written++] = t.storage().unsafeGetStorageImpl();

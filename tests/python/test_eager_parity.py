@@ -365,3 +365,15 @@ def test_a_dtype_the_nodes_cpu_kernels_lack_raises_at_the_op():
     assert torch.ones(1, device=DEV).cpu().item() == 1.0
     assert_raises_as_eager(lambda d: torch.ones(3, 2, dtype=torch.complex64, device=d).cummax(0))
     assert_raises_as_eager(lambda d: torch.ones(3, dtype=torch.complex64, device=d).erf())
+
+
+def test_out_tensor_resized_from_empty_is_laid_out_as_eagers():
+    # eager's TensorIterator lays a resized out= tensor out as its inputs are; the client's
+    # geometry is the node's, so a strided view of it reads what eager reads
+    def run(d):
+        x = torch.arange(24.).reshape(2, 3, 4).to(d).permute(2, 0, 1)
+        r = torch.add(x, x, out=torch.empty(0, device=d))
+        e = torch.exp(x, out=torch.empty(0, device=d))
+        return r.stride(), e.stride(), torch.as_strided(r, (3,), (1,)).cpu()
+    cpu, dev = run("cpu"), run(DEV)
+    assert dev[:2] == cpu[:2] and torch.equal(dev[2], cpu[2])

@@ -452,8 +452,9 @@ bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
 
 /// One run of `op` on CPU tensors filled with `fill`: the c10::Error it raised, or null (it ran,
 /// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
+/// `results`, if given, receives what the run returned when it ran.
 std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill,
-                             bool cpu_kernels) {
+                             bool cpu_kernels, torch::jit::Stack* results) {
   try {
     ProbeTensors tensors(args, fill);
     torch::jit::Stack stack;
@@ -464,6 +465,7 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
       c10::impl::ExcludeDispatchKeyGuard no_python(
           c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
       op.callBoxed(stack);
+      if (results != nullptr) *results = std::move(stack);
     } catch (const c10::Error& e) {
       // A kernel or a dtype the CPU lacks: eager on the node's device may have it.
       const std::string_view what = e.what_without_backtrace();
@@ -482,8 +484,9 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
 /// Eager's error for the call when the CPU raises one whatever the values: the same exception
 /// class and message with tensors of zeros and of ones (an error that depends on the values, an
 /// index out of range or an integer division by zero, differs between the two and is left to
-/// the node). Null when there is none.
-std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+/// the node). Null when there is none. `results`: as probeOnce's, of the run with zeros.
+std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args,
+                              torch::jit::Stack* results) {
   if (!probeable(facts, args)) return nullptr;
   struct KeepCpuGenerator {  // a random op must not move the program's CPU random stream
     explicit KeepCpuGenerator(bool seeded) {
@@ -498,9 +501,9 @@ std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& fact
     at::Tensor state;
   } keep(facts.seeded);
   const bool cpu_kernels = onCpuKernels(args);
-  std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels);
+  std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels, results);
   if (!zeros) return nullptr;
-  std::exception_ptr ones = probeOnce(op, args, 1.0, cpu_kernels);
+  std::exception_ptr ones = probeOnce(op, args, 1.0, cpu_kernels, nullptr);
   if (!ones) return nullptr;
   auto describe = [](const std::exception_ptr& e) -> std::pair<const std::type_info*, std::string> {
     try {
@@ -568,13 +571,19 @@ void checkAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 }
 
 void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
-  if (std::exception_ptr error = eagerError(op, facts, args)) raiseEager(error, facts);
+  if (std::exception_ptr error = eagerError(op, facts, args, nullptr)) raiseEager(error, facts);
 }
 
-void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args) {
   const auto& schema = op.schema().arguments();
   for (int w : facts.writes) {
-    if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) return raiseAsEager(op, facts, args);
+    if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) {  // out=
+      torch::jit::Stack results;
+      if (std::exception_ptr error = eagerError(op, facts, args, &results)) raiseEager(error, facts);
+      if (results.empty()) return std::nullopt;
+      return shapesOfResults(results);
+    }
   }
   // A written tensor that overlaps itself (an expanded tensor) or another argument: eager's
   // memory-overlap checks (TensorIterator's, index_put's, ...) raise or not, op by op.
@@ -585,19 +594,7 @@ void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, cons
     if (w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
     const at::Tensor& t = args[w].toTensor();
     if (!t.defined() || !isLazy(t)) continue;
-    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
-      // A random op is never probed (the CPU generator must not move): its in-place kernels are
-      // TensorIterator's, which refuse a written tensor that overlaps itself.
-      if (facts.seeded) {
-        try {
-          at::assert_no_internal_overlap(t);
-        } catch (c10::Error& e) {
-          e.add_context("genie: " + facts.name + " on remote_accelerator, checked on the client");
-          throw;
-        }
-      }
-      unusual = true;
-    }
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) unusual = true;
     if (n_written < 4) written[n_written++] = t.storage().unsafeGetStorageImpl();
   }
   auto visit = [&](const at::Tensor& t) {
@@ -625,6 +622,7 @@ void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, cons
     }
   }
   if (unusual) raiseAsEager(op, facts, args);
+  return std::nullopt;
 }
 
 std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const OpFacts& facts,

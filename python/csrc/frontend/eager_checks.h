@@ -74,8 +74,12 @@ void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 /// Also for a call that writes a tensor overlapping itself (an expanded tensor) or sharing its
 /// storage with another argument: eager's memory-overlap checks ("unsupported operation: more
 /// than one element of the written-to tensor refers to a single memory location") are op by op,
-/// and the probe's tensors on one storage share one CPU buffer. A random op is not probed; one
-/// that writes a self-overlapping tensor raises TensorIterator's error (at::assert_no_internal_overlap).
-void checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+/// and the probe's tensors on one storage share one CPU buffer.
+/// For an out= call that passes, the outputs as the CPU kernel left them: an out= tensor resized
+/// from another shape takes the strides eager's TensorIterator gives it (following its inputs'
+/// layout, where the Python meta kernels make it contiguous), so the client's geometry is the
+/// node's. Nothing otherwise.
+std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args);
 
 }  // namespace genie::frontend

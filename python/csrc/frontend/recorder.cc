@@ -249,6 +249,20 @@ bool deterministicNow(const OpFacts& facts, const c10::IValue* first, size_t n) 
   return put && n > 3 && first[3].isBool() && first[3].toBool();
 }
 
+/// `inferred` takes the strides and offsets of `eager` (the CPU kernel's outputs of the same
+/// call) wherever an output has the same sizes and dtype there: an out= tensor resized from
+/// another shape is laid out as eager's TensorIterator lays it out.
+void adoptLayouts(Shapes& inferred, const Shapes& eager) {
+  for (size_t i = 0; i < inferred.outputs.size() && i < eager.outputs.size(); ++i) {
+    Desc& d = inferred.outputs[i];
+    const Desc& e = eager.outputs[i];
+    if (!d.defined || !e.defined || d.dtype != e.dtype || d.sizes != e.sizes || d.layout != e.layout) continue;
+    d.strides = e.strides;
+    d.offset = e.offset;
+    d.finish();
+  }
+}
+
 /// Records the node for `plan` and makes its results (under the process lock).
 std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& facts, const Plan& plan, Walk& walk,
                               const c10::IValue* first, Recorded& recorded) {
@@ -476,7 +490,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
           throw;
         }
       }
-      checkUnusualOnCpu(op, *facts, args);
+      if (std::optional<Shapes> eager = checkUnusualOnCpu(op, *facts, args)) adoptLayouts(*inferred, *eager);
       refuseUnsupported(*facts, args, *inferred);
     } catch (const NeedsNode&) {
       return recorded;  // the node runs it now and describes its outputs (genie.recorder)

@@ -330,7 +330,12 @@ Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const tor
     e.restore();
     classifyPythonError(op);
   }
-  for (const c10::IValue& out : stack) flatten(out, shapes.outputs);
+  return shapesOfResults(stack);
+}
+
+Shapes shapesOfResults(const torch::jit::Stack& results) {
+  Shapes shapes;
+  for (const c10::IValue& out : results) flatten(out, shapes.outputs);
   return shapes;
 }
 

@@ -78,6 +78,8 @@ std::optional<Shapes> ruleShapes(const c10::OperatorHandle& op, const OpFacts& f
 /// The outputs of `op` on meta tensors shaped like `args`. Throws what the meta kernel throws
 /// (PyTorch's error for invalid arguments), NeedsNode as above.
 Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+/// The descriptors of what a call returned (`results`: its stack after the call, any device).
+Shapes shapesOfResults(const torch::jit::Stack& results);
 
 /// The plan cache's key: the operator and, per argument, its descriptor or value (see
 /// KeyBuilder). Words, hashed once.

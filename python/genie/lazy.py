@@ -19,7 +19,6 @@ kernels. It is recursive, and waits with the GIL released.
 
 from __future__ import annotations
 
-
 import torch
 
 from . import _C

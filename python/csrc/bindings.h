@@ -7,11 +7,16 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "genie/wire/genie_generated.h"
+
+namespace torch {
+class Library;
+}
 
 namespace genie::python {
 
@@ -28,6 +33,10 @@ void bindFrontend(py::module_& m);
 /// sparse_set_parts, and the SparsePrivateUse1 kernels of PyTorch's device-generic sparse COO
 /// functions (sparse.cc).
 void bindSparse(py::module_& m);
+/// The QuantizedPrivateUse1 kernels that read a quantized LazyTensor's quantizer (q_scale,
+/// q_zero_point, qscheme, quantizer, set_quantizer_: quantized.cc), registered with the
+/// recorder's kernels (register_recorder_kernels).
+std::unique_ptr<torch::Library> quantizedKernels();
 /// The operator of an OpOverload (torch.ops.aten.add.Tensor), found by its schema's name;
 /// ValueError when none is registered (frontend_bindings.cc).
 c10::OperatorHandle operatorOf(py::handle func);

@@ -283,33 +283,39 @@ bool hasTensorArgument(const c10::FunctionSchema& schema) {
 /// `extra` (aten op names "name.overload": composite ops kept whole). Returns how many ops got it.
 int registerKernels(const std::vector<std::string>& extra) {
   TORCH_CHECK(g_libraries.empty(), "genie._C.register_recorder_kernels: already registered");
-  auto fallback = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
-                                                   __FILE__, __LINE__);
-  fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
-  g_libraries.push_back(std::move(fallback));
-  auto kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                                  __FILE__, __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
   int count = 0;
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto op = dispatcher.findOp(name);
-    if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
-      continue;
+  g_libraries.push_back(quantizedKernels());  // first: the loop below leaves their ops alone
+  // PrivateUse1, and QuantizedPrivateUse1 for quantized LazyTensors (python/csrc/quantized.cc
+  // answers their quantizer reads itself).
+  for (const c10::DispatchKey key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::QuantizedPrivateUse1}) {
+    auto fallback = std::make_unique<torch::Library>(torch::Library::IMPL, "_", key, __FILE__, __LINE__);
+    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+    g_libraries.push_back(std::move(fallback));
+    auto kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(key)) continue;
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        continue;
+      }
+      if (!hasTensorArgument(op->schema())) continue;  // factories: their empty + fill ops are recorded
+      if (name.name == "aten::_test_parallel_materialize") continue;  // the client's COW books: runs here
+      const std::string overload =
+          name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
+      kernels->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+      ++count;
     }
-    if (!hasTensorArgument(op->schema())) continue;  // factories: their empty + fill ops are recorded
-    if (name.name == "aten::_test_parallel_materialize") continue;  // the client's COW books: runs here
-    const std::string overload = name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
-    kernels->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
-    ++count;
+    if (key == c10::DispatchKey::PrivateUse1) {
+      for (const auto& name : extra) {
+        kernels->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
+        ++count;
+      }
+    }
+    g_libraries.push_back(std::move(kernels));
   }
-  for (const auto& name : extra) {
-    kernels->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
-    ++count;
-  }
-  g_libraries.push_back(std::move(kernels));
   return count;
 }
 

@@ -15,6 +15,10 @@
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
 #include <ATen/ops/_values_native.h>
+#include <ATen/ops/ccol_indices_native.h>
+#include <ATen/ops/col_indices_native.h>
+#include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/row_indices_native.h>
 #include <ATen/ops/clone_native.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/dense_dim_native.h>
@@ -57,6 +61,21 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
   m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
   m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
+}
+
+// Sparse compressed tensors (CSR, CSC, BSR, BSC): PyTorch's SparseCsrTensorImpl (dispatch key
+// SparseCsrPrivateUse1) built of LazyTensors by PyTorch's own constructors; their member
+// accessors read those parts here. Every other op on one raises NotImplementedError naming it
+// (genie.sparse).
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
+  m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
+  m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
+  m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
+  m.impl("values", TORCH_FN(at::native::values_sparse_csr));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
 }
 
 namespace genie::python {

@@ -19,7 +19,10 @@ An output's layout is known only once the op ran (`aten::add` of two sparse tens
 of a dense and a sparse dense), hence one round trip per such op, as for ops whose output shape
 depends on the data (`aten::nonzero`). An in-place op on a sparse tensor gives it the parts the
 node made (`genie._C.sparse_set_parts`); a view op's values share its argument's storage.
-Sparse compressed layouts (CSR, CSC, BSR, BSC) are not supported: NotImplementedError.
+Sparse compressed layouts (CSR, CSC, BSR, BSC): PyTorch's constructors (`torch.sparse_csr_tensor`
+of device tensors) and the member accessors (`crow_indices`, `col_indices`, `values`, ...:
+python/csrc/sparse.cc) work; any other op on one, and converting a dense tensor to one, raises
+NotImplementedError naming the op.
 """
 
 from __future__ import annotations
@@ -191,3 +194,10 @@ HANDLERS = {
 
 _library = torch.library.Library("_", "IMPL")  # noqa: the registration lives as long as the module
 _library.fallback(_fallback, "SparsePrivateUse1")
+
+
+def _compressed_fallback(func, *args, **kwargs):
+    _compressed(func, args, kwargs)
+
+
+_library.fallback(_compressed_fallback, "SparseCsrPrivateUse1")

@@ -7,7 +7,9 @@ the bytes read come back), move a tensor from one remote device to another node 
 pass through this process), or are recorded when both sides are on one device (the C++ recorder
 records those itself; they reach this module only when they cross the host or a node);
 `aten::_local_scalar_dense` (`.item()`) reads one value; pinning is refused for device tensors
-as PyTorch refuses it for CUDA ones. Part of the capture layer (docs/frontend.md "Layers").
+as PyTorch refuses it for CUDA ones. A quantized tensor (per-tensor affine) travels as its
+integer representation: `aten::int_repr` recorded on the node before a read, and
+`aten::_make_per_tensor_quantized_tensor` after an upload; its quantizer never leaves the host. Part of the capture layer (docs/frontend.md "Layers").
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def to_copy(func, args, kwargs):
         # A lazy tensor of another node (no node-to-node path) or a tensor of a local GPU: through
         # this host's memory (the client sends host memory only).
         cpu = src.cpu() if _C.is_lazy(src) or src.device.type != "cpu" else src
+        if cpu.is_quantized:
+            return _upload_quantized(cpu, torch.device(_PRIVATEUSE1, index))
         converted = _host_conversion(cpu, kwargs)
         # Keyed by the source's host bytes when nothing was converted (tied weights upload once).
         uploaded = runtime_for(target).upload_tensor(converted, residency_of(src),
@@ -44,12 +48,40 @@ def to_copy(func, args, kwargs):
         progress.moved(src, target)  # a module's tensor: its module.to's bar
         return uploaded
     # To the host (or another local device): fetch, then let PyTorch convert.
-    fetched = runtime_of(src).fetch(src)
+    fetched = fetch(src)
     progress.moved(src, target)
     rest = {k: v for k, v in kwargs.items() if k not in ("non_blocking",)}
     if fetched.dtype == rest.get("dtype", fetched.dtype) and target.type == "cpu" and not rest.get("pin_memory"):
         return fetched
     return aten._to_copy.default(fetched, **rest)
+
+
+def fetch(src: torch.Tensor) -> torch.Tensor:
+    """`src` (a LazyTensor) as a host tensor: `Runtime.fetch`; for a quantized tensor, its
+    integer representation fetched (`aten::int_repr`, recorded) and quantized again on the host
+    with `src`'s scale and zero point. NotImplementedError for quint4x2 and quint2x4, whose
+    integer representation unpacks them."""
+    runtime = runtime_of(src)
+    if not src.is_quantized:
+        return runtime.fetch(src)
+    if src.dtype not in (torch.qint8, torch.quint8, torch.qint32):
+        raise NotImplementedError(f"reading a {src.dtype} tensor from remote_accelerator is not supported; "
+                                  "dequantize() it on the device first")
+    ints = runtime.fetch(aten.int_repr.default(src))
+    return torch._make_per_tensor_quantized_tensor(ints, src.q_scale(), src.q_zero_point())
+
+
+def _upload_quantized(cpu: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A quantized host tensor on `device`: its integer representation uploaded, quantized
+    again there with its scale and zero point (per-tensor affine; NotImplementedError for another
+    scheme)."""
+    if cpu.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        raise NotImplementedError(f"{cpu.qscheme()} quantized tensors are not supported on remote_accelerator "
+                                  "(per-tensor affine only)")
+    if cpu.dtype not in (torch.qint8, torch.quint8, torch.qint32):
+        raise NotImplementedError(f"uploading a {cpu.dtype} tensor to remote_accelerator is not supported")
+    ints = cpu.int_repr().to(device)
+    return aten._make_per_tensor_quantized_tensor.default(ints, cpu.q_scale(), cpu.q_zero_point())
 
 
 def _node_to_node(src, target: torch.device, kwargs: dict):
@@ -181,10 +213,12 @@ def copy(func, args, kwargs):
         # A lazy tensor of another node (no node-to-node path) or a tensor of a local GPU: through
         # this host's memory (the client sends host memory only).
         cpu = src.cpu() if _C.is_lazy(src) or src.device.type != "cpu" else src
+        if cpu.is_quantized:
+            return record_op(aten.copy_.default, (dst, _upload_quantized(cpu, dst.device)), {})
         runtime_of(dst).copy_from_host(dst, cpu, residency_of(src))
         return dst
     # Device to host: materialize, then copy locally.
-    dst.copy_(runtime_of(src).fetch(src))
+    dst.copy_(fetch(src))
     return dst
 
 
@@ -192,7 +226,7 @@ def local_scalar_dense(func, args, kwargs):
     """aten::_local_scalar_dense (`tensor.item()`): the one element, read from the node."""
     if args[0].numel() == 0:  # eager's check (`item()` raises its own before it gets here)
         raise RuntimeError("_local_scalar_dense: Empty tensor not supported (genie: remote_accelerator)")
-    return runtime_of(args[0]).fetch(args[0]).item()
+    return fetch(args[0]).item()
 
 
 def is_pinned(func, args, kwargs):

@@ -176,6 +176,12 @@ Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
                        size_t payload_bytes) {
   uint64_t nbytes = 0;
   GENIE_RETURN_IF_ERROR(checkSlotHead(slot, p, rule, &nbytes));
+  const DType dtype = slot->desc()->dtype();
+  if (dtype == DType::QInt8 || dtype == DType::QUInt8 || dtype == DType::QInt32 || dtype == DType::QUInt4x2 ||
+      dtype == DType::QUInt2x4) {  // bytes without their quantizer
+    return GENIE_INVALID(Path(Path(p, "desc"), "dtype"), "{} tensors carry no bytes (a quantized tensor travels as its "
+                         "integer representation)", dtypeName(dtype));
+  }
   if (slot->remote()) return checkRemoteBuffer(slot->remote(), Path(p, "remote"), nbytes);
   const uint64_t offset = slot->payload_offset();
   if (offset % kPayloadAlignment != 0) {
@@ -614,7 +620,11 @@ size_t dtypeSize(DType dtype) {
     case DType::Bits1x8:
     case DType::Bits2x4:
     case DType::Bits4x2:
-    case DType::Bits8: return 1;
+    case DType::Bits8:
+    case DType::QInt8:
+    case DType::QUInt8:
+    case DType::QUInt4x2:
+    case DType::QUInt2x4: return 1;
     case DType::Float16:
     case DType::BFloat16:
     case DType::Int16:
@@ -623,6 +633,7 @@ size_t dtypeSize(DType dtype) {
     case DType::Float32:
     case DType::Int32:
     case DType::UInt32:
+    case DType::QInt32:
     case DType::ComplexHalf: return 4;
     case DType::Float64:
     case DType::Int64:

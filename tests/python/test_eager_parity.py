@@ -218,13 +218,6 @@ def test_float8_fnuz_dtypes_travel(dtype):
     assert torch.equal(remote.view(torch.uint8), torch.index_select(x, 0, index).view(torch.uint8))
 
 
-def test_quantized_tensors_raise_naming_the_feature():
-    x = torch.ones(3, device=DEV)
-    with pytest.raises(NotImplementedError, match="aten::quantize_per_tensor: quantized tensors .* not supported"):
-        torch.quantize_per_tensor(x, 0.1, 5, torch.quint8)
-    assert x.tolist() == [1., 1., 1.]
-
-
 def test_out_calls_whose_cpu_errors_depend_on_values_run_on_the_node():
     """The CPU probe raises only what eager raises whatever the values: an integer division
     (zero divisors raise on the CPU) and an index_select (index 1 is out of range for a

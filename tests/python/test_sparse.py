@@ -77,3 +77,15 @@ def test_sparse_ops_run_on_the_node_not_on_the_host():
     total = torch.sparse.sum(s + s)
     assert genie.client_stats()["round_trips"] > before["round_trips"]  # each op ran on the node
     torch.testing.assert_close(total.cpu(), (_dense() * 2).sum())
+
+
+def test_sparse_csr_tensors_are_built_and_read_member_by_member():
+    crow, col, values = torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([1.0, 2.0])
+    t = torch.sparse_csr_tensor(crow.to(DEV), col.to(DEV), values.to(DEV), size=(2, 2))
+    assert (t.layout, t.device.type, t.shape, t._nnz()) == (torch.sparse_csr, "remote_accelerator", (2, 2), 2)
+    assert torch.equal(t.crow_indices().cpu(), crow)
+    assert torch.equal(t.col_indices().cpu(), col)
+    assert torch.equal(t.values().cpu(), values)
+    assert torch.equal(t.cpu().to_dense(), torch.sparse_csr_tensor(crow, col, values, size=(2, 2)).to_dense())
+    with pytest.raises(NotImplementedError, match="aten::_to_dense: sparse compressed tensors .* are not supported"):
+        t.to_dense()

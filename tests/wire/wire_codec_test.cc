@@ -71,6 +71,8 @@ TEST(WireNames, DTypeSizesAndNames) {
   EXPECT_EQ(dtypeSize(DType::Bits1x8), 1u);
   EXPECT_EQ(dtypeSize(DType::Bits8), 1u);
   EXPECT_EQ(dtypeSize(DType::Bits16), 2u);
+  EXPECT_EQ(dtypeSize(DType::QUInt8), 1u);
+  EXPECT_EQ(dtypeSize(DType::QInt32), 4u);
   EXPECT_EQ(dtypeSize(static_cast<DType>(100)), 0u);
   EXPECT_EQ(dtypeName(DType::Float32), "Float32");
   EXPECT_EQ(dtypeName(DType::Float8_e4m3fn), "Float8_e4m3fn");
@@ -361,6 +363,23 @@ TEST(WireRoundTrip, PutTensors) {
                                                   "nbytes 16 exceeds the payload of 143 bytes"),
             std::string::npos)
       << short_payload.status().message();
+}
+
+TEST(WireRoundTrip, PutTensorsRefusesQuantizedBytes) {
+  // A quantized tensor's bytes mean nothing without its quantizer: it travels as int_repr.
+  PayloadLayout layout;
+  std::vector<TensorSlotArgs> slots(1);
+  slots[0].handle = handle(1);
+  slots[0].desc.dtype = DType::QUInt8;
+  slots[0].desc.shape = {4};
+  slots[0].payload_offset = layout.add(4);
+  auto buf = buildPutTensors(3, slots);
+  ASSERT_TRUE(buf.isOk()) << buf.status().toString();
+  auto verified = verifyMessage(bytesOf(buf.value()), layout.size());
+  ASSERT_FALSE(verified.isOk());
+  EXPECT_NE(verified.status().message().find("PutTensors.tensors[0].desc.dtype: QUInt8 tensors carry no bytes"),
+            std::string::npos)
+      << verified.status().message();
 }
 
 TEST(WireRoundTrip, GetTensors) {

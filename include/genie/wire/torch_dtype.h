@@ -44,6 +44,11 @@ inline constexpr TorchDTypePair kTorchDTypes[] = {
     {DType::Bits4x2, c10::ScalarType::Bits4x2},
     {DType::Bits8, c10::ScalarType::Bits8},
     {DType::Bits16, c10::ScalarType::Bits16},
+    {DType::QInt8, c10::ScalarType::QInt8},
+    {DType::QUInt8, c10::ScalarType::QUInt8},
+    {DType::QInt32, c10::ScalarType::QInt32},
+    {DType::QUInt4x2, c10::ScalarType::QUInt4x2},
+    {DType::QUInt2x4, c10::ScalarType::QUInt2x4},
 };
 
 /// The torch scalar type of a wire dtype; nullopt for Undefined and values outside the enum.
@@ -54,7 +59,7 @@ inline std::optional<c10::ScalarType> torchScalarType(DType dtype) {
   return std::nullopt;
 }
 
-/// The wire dtype of a torch scalar type; DType::Undefined when the wire has none (QInt8, ...).
+/// The wire dtype of a torch scalar type; DType::Undefined when the wire has none.
 inline DType wireDTypeOf(c10::ScalarType type) {
   for (const auto& pair : kTorchDTypes) {
     if (pair.torch == type) return pair.wire;

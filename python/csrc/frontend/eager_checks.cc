@@ -9,6 +9,7 @@
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/quantized/Quantizer.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
@@ -385,9 +386,12 @@ class ProbeTensors {
  public:
   ProbeTensors(const torch::jit::Stack& args, double fill) : fill_(fill) {
     for (const c10::IValue& arg : args) mapTensors(arg, [&](const at::Tensor& t) { measure(t); return t; }, c10::Device(c10::kCPU));
-    int64_t bytes = 0;
-    for (auto& [storage, base] : bases_) bytes += base.nbytes;
-    TORCH_CHECK(bytes <= kProbeBytes, "probe too large");
+    TORCH_CHECK(fits(), "probe too large");
+  }
+  /// Whether the CPU tensors of `args` fit in kProbeBytes together.
+  static bool fits(const torch::jit::Stack& args) {
+    ProbeTensors sizes(args);
+    return sizes.fits();
   }
   c10::IValue arg(const c10::IValue& a) {
     return mapTensors(a, [&](const at::Tensor& t) { return of(t); }, c10::Device(c10::kCPU));
@@ -398,6 +402,15 @@ class ProbeTensors {
     int64_t nbytes = 0;
     at::Tensor bytes;  // uint8 [nbytes], made at first use
   };
+
+  explicit ProbeTensors(const torch::jit::Stack& args) : fill_(0) {
+    for (const c10::IValue& arg : args) mapTensors(arg, [&](const at::Tensor& t) { measure(t); return t; }, c10::Device(c10::kCPU));
+  }
+  bool fits() const {
+    int64_t bytes = 0;
+    for (const auto& [storage, base] : bases_) bytes += base.nbytes;
+    return bytes <= kProbeBytes;
+  }
 
   void measure(const at::Tensor& t) {
     if (!t.defined() || !isLazy(t)) return;
@@ -414,10 +427,27 @@ class ProbeTensors {
     if (!t.defined() || !isLazy(t)) return t;
     Base& base = bases_.at(t.storage().unsafeGetStorageImpl());
     if (!base.bytes.defined()) base.bytes = at::zeros({base.nbytes}, at::TensorOptions().dtype(at::kByte));
+    if (t.is_quantized()) return quantized(t, base.bytes);
     at::Tensor cpu = base.bytes.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset());
     cpu.fill_(fill_);
     if (t.is_conj()) cpu.unsafeGetTensorImpl()->_set_conj(true);
     if (t.is_neg()) cpu.unsafeGetTensorImpl()->_set_neg(true);
+    return cpu;
+  }
+
+  /// A quantized CPU tensor of `t`'s geometry and quantizer on `bytes`, its integer
+  /// representation filled with `fill`.
+  at::Tensor quantized(const at::Tensor& t, const at::Tensor& bytes) {
+    const at::ScalarType dtype = t.scalar_type();
+    bytes.view(c10::toUnderlying(dtype)).as_strided(t.sizes(), t.strides(), t.storage_offset()).fill_(fill_);
+    const at::QuantizerPtr quantizer = lazyImpl(t)->quantizer();
+    const auto* affine = dynamic_cast<const at::PerTensorAffineQuantizer*>(quantizer.get());
+    at::Tensor cpu = at::from_blob_quantized_per_tensor_affine(
+        bytes.data_ptr(), {bytes.numel() / static_cast<int64_t>(c10::elementSize(dtype))}, [](void*) {},
+        affine != nullptr ? static_cast<float>(affine->scale()) : 1.0f, affine != nullptr ? affine->zero_point() : 0,
+        at::TensorOptions().dtype(dtype));
+    cpu = cpu.as_strided(t.sizes(), t.strides(), t.storage_offset());
+    if (quantizer) at::set_quantizer_(cpu, quantizer);  // from_blob takes a float scale: the double back
     return cpu;
   }
 
@@ -449,6 +479,21 @@ bool probeable(const OpFacts& facts, const torch::jit::Stack& args) {
   }
   return ok;
 }
+
+/// Restores the CPU's default generator on destruction: a random op run on the CPU must not move
+/// the program's CPU random stream.
+struct KeepCpuGenerator {
+  explicit KeepCpuGenerator(bool seeded) {
+    if (seeded) state = at::detail::getDefaultCPUGenerator().get_state();
+  }
+  ~KeepCpuGenerator() {
+    if (state.defined()) {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(state);
+    }
+  }
+  at::Tensor state;
+};
 
 /// One run of `op` on CPU tensors filled with `fill`: the c10::Error it raised, or null (it ran,
 /// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
@@ -488,18 +533,7 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
 std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args,
                               torch::jit::Stack* results) {
   if (!probeable(facts, args)) return nullptr;
-  struct KeepCpuGenerator {  // a random op must not move the program's CPU random stream
-    explicit KeepCpuGenerator(bool seeded) {
-      if (seeded) state = at::detail::getDefaultCPUGenerator().get_state();
-    }
-    ~KeepCpuGenerator() {
-      if (state.defined()) {
-        at::Generator generator = at::detail::getDefaultCPUGenerator();
-        generator.set_state(state);
-      }
-    }
-    at::Tensor state;
-  } keep(facts.seeded);
+  KeepCpuGenerator keep(facts.seeded);
   const bool cpu_kernels = onCpuKernels(args);
   std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels, results);
   if (!zeros) return nullptr;
@@ -643,6 +677,72 @@ std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const Op
     context.setDeterministicAlgorithms(true, warn_only);
     throw;
   }
+}
+
+bool isQuantizedCall(const OpFacts& facts, const torch::jit::Stack& args) {
+  // Quantized outputs of integer tensors, with no dtype argument.
+  if (facts.name == "aten::_make_per_tensor_quantized_tensor" || facts.name == "aten::_make_per_channel_quantized_tensor") {
+    return true;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& x = args[i];
+    if (x.isTensor() && x.toTensor().defined() && x.toTensor().is_quantized()) return true;
+    if (x.isList()) {
+      for (const c10::IValue& y : x.toListRef()) {
+        if (y.isTensor() && y.toTensor().defined() && y.toTensor().is_quantized()) return true;
+      }
+    }
+    if (i < facts.args.size() && facts.args[i] == ArgKind::kScalarType && x.isInt() &&
+        c10::isQIntType(static_cast<at::ScalarType>(x.toInt()))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Shapes quantizedShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  TORCH_CHECK_NOT_IMPLEMENTED(ProbeTensors::fits(args), facts.name,
+                              ": quantized tensors whose arguments take more than ", kProbeBytes >> 20,
+                              " MiB are not supported on remote_accelerator (their outputs are inferred on the "
+                              "client's CPU); quantize on the host");
+  KeepCpuGenerator keep(facts.seeded);
+  auto run = [&](double fill, torch::jit::Stack& results) -> std::exception_ptr {
+    try {
+      ProbeTensors tensors(args, fill);
+      torch::jit::Stack stack;
+      stack.reserve(args.size());
+      for (const c10::IValue& arg : args) stack.push_back(tensors.arg(arg));
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::impl::ExcludeDispatchKeyGuard no_python(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      op.callBoxed(stack);
+      results = std::move(stack);
+      return nullptr;
+    } catch (const c10::Error&) {
+      return std::current_exception();
+    }
+  };
+  torch::jit::Stack zeros_out, ones_out;
+  const std::exception_ptr zeros = run(0.0, zeros_out);
+  const std::exception_ptr ones = run(1.0, ones_out);
+  if (zeros && ones) raiseEager(zeros, facts);
+  Shapes shapes = shapesOfResults(zeros ? ones_out : zeros_out);
+  const std::optional<Shapes> other = zeros || ones ? std::nullopt : std::optional<Shapes>(shapesOfResults(ones_out));
+  for (size_t i = 0; i < shapes.outputs.size(); ++i) {
+    const at::QuantizerPtr& q = shapes.outputs[i].quantizer;
+    if (!q) continue;
+    TORCH_CHECK_NOT_IMPLEMENTED(dynamic_cast<const at::PerTensorAffineQuantizer*>(q.get()) != nullptr ||
+                                    dynamic_cast<const at::UnknownQuantizer*>(q.get()) != nullptr,
+                                facts.name, ": ", c10::toString(q->qscheme()),
+                                " quantized tensors are not supported on remote_accelerator (per-tensor affine "
+                                "only); quantize on the host");
+    if (!other) continue;
+    const at::QuantizerPtr& q2 = other->outputs[i].quantizer;
+    TORCH_CHECK_NOT_IMPLEMENTED(q2 && q->equalTo(q2), facts.name,
+                                ": its output's quantization parameters depend on the tensor's values, which "
+                                "remote_accelerator does not support; quantize on the host");
+  }
+  return shapes;
 }
 
 bool warnsAsEager(const std::string& name) {

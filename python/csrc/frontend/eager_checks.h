@@ -82,4 +82,21 @@ void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
                                         const torch::jit::Stack& args);
 
+/// Whether the call involves quantized tensors: a quantized tensor among its arguments, a
+/// quantized dtype argument (`quantize_per_tensor`, a factory such as `_empty_affine_quantized`),
+/// or an op that makes one of integers (`_make_per_tensor_quantized_tensor`).
+bool isQuantizedCall(const OpFacts& facts, const torch::jit::Stack& args);
+
+/// The outputs of a quantized call (isQuantizedCall), quantizers included, from the CPU's
+/// kernels: meta tensors cannot be quantized, so the call runs on CPU tensors of the arguments'
+/// geometry and quantizers (ProbeTensors), once with their integer representations filled with
+/// zeros and once with ones. Raises the CPU's error (its class and message, then "(genie: <op>
+/// on remote_accelerator, checked on the client by its CPU kernel)") when both runs raise, the
+/// CPU's "Could not run 'aten::<op>' with arguments from the 'QuantizedCPU' backend" for an op
+/// with no quantized kernel included. NotImplementedError naming the op when an output's
+/// quantizer differs between the runs (it depends on the values: `quantize_per_tensor_dynamic`),
+/// is not per-tensor affine (per-channel quantization is not supported on remote_accelerator),
+/// or when the arguments need more than 64 MiB on the CPU.
+Shapes quantizedShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+
 }  // namespace genie::frontend

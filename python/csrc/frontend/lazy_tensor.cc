@@ -25,7 +25,10 @@ void attach(Value& value) {
 
 LazyTensorImpl::LazyTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, ValuePtr value,
                                c10::intrusive_ptr<Recording> recording)
-    : c10::TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype),
+    : at::QTensorImpl(std::move(storage),
+                      c10::DispatchKeySet(c10::isQIntType(dtype.toScalarType()) ? c10::DispatchKey::QuantizedPrivateUse1
+                                                                                : c10::DispatchKey::PrivateUse1),
+                      dtype, /*quantizer=*/nullptr),
       value_(std::move(value)),
       recording_(std::move(recording)) {
   if (value_) attach(*value_);
@@ -46,7 +49,8 @@ c10::intrusive_ptr<c10::TensorImpl> LazyTensorImpl::copy(Version&& version_count
     value = value_;
   }
   auto impl = c10::make_intrusive<LazyTensorImpl>(storage(), dtype(), std::move(value), recording_);
-  copy_tensor_metadata(this, impl.get(), std::forward<Version>(version_counter), allow_tensor_metadata_change);
+  impl->set_quantizer_(const_cast<LazyTensorImpl*>(this)->quantizer());
+  c10::TensorImpl::copy_tensor_metadata(this, impl.get(), std::forward<Version>(version_counter), allow_tensor_metadata_change);
   impl->refresh_numel();
   impl->refresh_contiguous();
   return impl;
@@ -66,7 +70,8 @@ void LazyTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>
   auto* other = dynamic_cast<LazyTensorImpl*>(impl.get());
   TORCH_CHECK(other != nullptr && other->recording_.get() == recording_.get(), "data: cannot give a tensor on ",
               device(), " the data of a tensor on ", impl->device());
-  copy_tensor_metadata(impl.get(), this, version_counter(), allow_tensor_metadata_change());
+  c10::TensorImpl::copy_tensor_metadata(impl.get(), this, version_counter(), allow_tensor_metadata_change());
+  set_quantizer_(other->quantizer());
   refresh_numel();
   refresh_contiguous();
   LockGuard lock;
@@ -132,6 +137,7 @@ at::Tensor makeLazy(const ValuePtr& value, const Desc& desc, const c10::intrusiv
   }
   if (desc.conj) impl->_set_conj(true);
   if (desc.neg) impl->_set_neg(true);
+  if (desc.quantizer) static_cast<LazyTensorImpl*>(impl)->set_quantizer_(desc.quantizer);
   return tensor;
 }
 

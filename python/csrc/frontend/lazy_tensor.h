@@ -1,7 +1,7 @@
 // LazyTensor's TensorImpl: a tensor on remote_accelerator that owns no memory.
 //
-// Its key set is PrivateUse1's (plus the autograd and autocast keys every device tensor has) and
-// holds no Python key, so an op on it passes autograd as on any device and reaches the
+// Its key set is PrivateUse1's (QuantizedPrivateUse1's for a quantized dtype; plus the autograd
+// and autocast keys every device tensor has) and holds no Python key, so an op on it passes autograd as on any device and reaches the
 // recorder's PrivateUse1 kernel (dispatch_kernel.cc). It carries the geometry shape inference
 // computed (sizes, strides, storage offset, dtype, conjugate and negative bits), a storage of
 // the byte size that geometry needs at a device address of its own (device_storage.h; a view
@@ -15,11 +15,16 @@
 // next request. PyTorch's shallow copies (autograd's saved outputs, `detach` inside kernels)
 // are tensors of their own on the same value.
 //
+// It derives from PyTorch's QTensorImpl, whose quantizer a quantized one holds (null for other
+// dtypes): PyTorch's device-generic code reads a quantized tensor's quantizer by casting its
+// TensorImpl to QTensorImpl (TensorBase::quantizer(), `_to_copy`), and so reads it right.
+//
 // Inference tensors: a view is an inference tensor exactly when its base is one, as PyTorch
 // makes views (a slice of a module buffer taken in torch.inference_mode() stays a normal tensor).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/quantized/QTensorImpl.h>
 #include <c10/core/TensorImpl.h>
 
 #include "frontend/ir.h"
@@ -29,7 +34,7 @@ namespace genie::frontend {
 
 class Recording;
 
-class LazyTensorImpl final : public c10::TensorImpl {
+class LazyTensorImpl final : public at::QTensorImpl {
  public:
   LazyTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, ValuePtr value, c10::intrusive_ptr<Recording> recording);
   ~LazyTensorImpl() override;
@@ -53,10 +58,15 @@ class LazyTensorImpl final : public c10::TensorImpl {
   /// Gives it `desc`'s sizes, strides and offset (an out= op that resized it). The dtype cannot
   /// change: RuntimeError.
   void setGeometry(const Desc& desc);
+  // quantizer() and set_quantizer_() (QTensorImpl): a quantized tensor's quantizer (per-tensor
+  // affine, or unknown for `empty(dtype=quint8)`), what its q_scale, q_zero_point and qscheme
+  // kernels answer (python/csrc/quantized.cc). Null for other dtypes.
 
  private:
   template <typename Version>
   c10::intrusive_ptr<c10::TensorImpl> copy(Version&& version_counter, bool allow_tensor_metadata_change) const;
+
+  const char* tensorimpl_type_name() const override { return "LazyTensorImpl"; }
 
   ValuePtr value_;
   c10::intrusive_ptr<Recording> recording_;

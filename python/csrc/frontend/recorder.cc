@@ -124,7 +124,7 @@ class Walk {
       out = capsuleOf(value);
       return true;
     }
-    if (t.is_cpu() && !writes(index)) {
+    if (t.is_cpu() && !writes(index) && !t.is_quantized()) {  // a quantized one has no inline form: device error
       if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() != at::kUInt64) {
         key.add(KeyBuilder::kWrapped, static_cast<int64_t>(t.scalar_type()));
         out = numberOf(t);
@@ -214,27 +214,14 @@ bool recordsHere(Route route, const c10::IValue* first, size_t n) {
   }
 }
 
-/// Quantized tensors and outputs of another layout than strided (sparse CSR from
-/// `to_sparse_csr()`: sparse COO takes genie.sparse's path) have no wire form: NotImplementedError
-/// naming the op, before it is recorded, for a call that would make one.
-void refuseUnsupported(const OpFacts& facts, const std::vector<c10::IValue>& args, const Shapes& shapes) {
+/// Outputs of another layout than strided (sparse CSR from `to_sparse_csr()`: sparse COO takes
+/// genie.sparse's path) have no wire form: NotImplementedError naming the op, before it is
+/// recorded, for a call that would make one.
+void refuseUnsupported(const OpFacts& facts, const std::vector<c10::IValue>& /*args*/, const Shapes& shapes) {
   for (const Desc& d : shapes.outputs) {
     TORCH_CHECK_NOT_IMPLEMENTED(d.layout == c10::kStrided, facts.name, ": ", d.layout,
                                 " tensors are not supported on remote_accelerator; use sparse COO (to_sparse()) or "
                                 "dense tensors");
-  }
-  auto refuse = [&](at::ScalarType dtype) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, facts.name, ": quantized tensors (", dtype,
-                                ") are not supported on remote_accelerator; quantize on the host");
-  };
-  for (size_t i = 0; i < args.size() && i < facts.args.size(); ++i) {
-    if (facts.args[i] == ArgKind::kScalarType && args[i].isInt() &&
-        c10::isQIntType(static_cast<at::ScalarType>(args[i].toInt()))) {
-      refuse(static_cast<at::ScalarType>(args[i].toInt()));
-    }
-  }
-  for (const Desc& d : shapes.outputs) {
-    if (d.defined && c10::isQIntType(d.dtype)) refuse(d.dtype);
   }
 }
 
@@ -328,6 +315,7 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
       LazyTensorImpl* impl = lazyImpl(*sources[i]);
       impl->rebind(node->outputs[i]);
       if (!(Desc::of(*sources[i]) == desc)) impl->setGeometry(desc);  // a resizing out= op (arange.out into empty(0))
+      if (desc.quantizer) impl->set_quantizer_(desc.quantizer);      // copy_ of a quantized tensor gives its quantizer
       outputs.push_back(*sources[i]);
     } else {
       const at::Tensor* base = kinds[i] == ReturnFacts::kView ? sources[i] : nullptr;
@@ -369,8 +357,9 @@ std::optional<std::vector<c10::IValue>> uploadInline(const c10::IValue* first, s
   if (n != 7 || !first[0].isTensor() || !first[3].isDevice()) return std::nullopt;
   const at::Tensor& src = first[0].toTensor();
   const c10::Device device = first[3].toDevice();
-  if (!src.defined() || !src.is_cpu() || src.layout() != c10::kStrided || device.type() != c10::DeviceType::PrivateUse1) {
-    return std::nullopt;
+  if (!src.defined() || !src.is_cpu() || src.layout() != c10::kStrided || src.is_quantized() ||
+      device.type() != c10::DeviceType::PrivateUse1) {
+    return std::nullopt;  // a quantized tensor: its integer representation travels (genie.transfers)
   }
   if ((first[2].isInt() && static_cast<c10::Layout>(first[2].toInt()) != c10::kStrided) ||
       (first[4].isBool() && first[4].toBool())) {
@@ -471,6 +460,11 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
     // again (another thread may have changed a value meanwhile) and record.
     const std::vector<c10::IValue> args(first, first + n);
     try {
+      if (isQuantizedCall(*facts, args)) {  // no meta tensor is quantized: the CPU's kernels say
+        inferred = quantizedShapes(op, *facts, args);
+        refuseUnsupported(*facts, args, *inferred);
+        continue;
+      }
       checkAsEager(op, *facts, args);  // eager's errors that the meta kernel does not raise
       auto rule = ruleShapes(op, *facts, args);
       (rule ? g_rule : g_meta).fetch_add(1, std::memory_order_relaxed);

@@ -6,6 +6,8 @@
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 
@@ -24,6 +26,11 @@ namespace genie::frontend {
 
 // ---- Desc ---------------------------------------------------------------------------------
 
+at::QuantizerPtr quantizerOf(const at::Tensor& t) {
+  // A quantized tensor's TensorImpl is a QTensorImpl (LazyTensorImpl derives from it).
+  return static_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl())->quantizer();
+}
+
 Desc Desc::of(const at::Tensor& tensor) {
   Desc d;
   if (!tensor.defined()) return undefined();
@@ -38,6 +45,7 @@ Desc Desc::of(const at::Tensor& tensor) {
   d.dtype = tensor.scalar_type();
   d.conj = tensor.is_conj();
   d.neg = tensor.is_neg();
+  if (tensor.is_quantized()) d.quantizer = quantizerOf(tensor);
   d.finish();
   return d;
 }
@@ -59,7 +67,8 @@ void Desc::finish() {
 
 bool Desc::operator==(const Desc& o) const {
   return defined == o.defined && sizes == o.sizes && strides == o.strides && offset == o.offset && dtype == o.dtype &&
-         conj == o.conj && neg == o.neg && layout == o.layout;
+         conj == o.conj && neg == o.neg && layout == o.layout &&
+         (quantizer == o.quantizer || (quantizer && o.quantizer && quantizer->equalTo(o.quantizer)));
 }
 
 namespace {
@@ -364,6 +373,17 @@ void KeyBuilder::addLazy(const at::Tensor& t) {
   words_.insert(words_.end(), sizes.begin(), sizes.end());
   words_.insert(words_.end(), strides.begin(), strides.end());
   words_.push_back(t.storage_offset());
+  if (t.is_quantized()) {  // the outputs' quantizers follow the arguments'
+    words_.push_back(kQuantizer);
+    const at::QuantizerPtr q = quantizerOf(t);
+    if (const auto* affine = dynamic_cast<const at::PerTensorAffineQuantizer*>(q.get())) {
+      int64_t scale_bits;
+      const double scale = affine->scale();
+      std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+      words_.push_back(scale_bits);
+      words_.push_back(affine->zero_point());
+    }
+  }
 }
 
 void KeyBuilder::addHost(const at::Tensor& t) {

@@ -17,6 +17,7 @@
 // throws NeedsNode: the node runs it and describes its outputs (genie.recorder).
 #pragma once
 
+#include <ATen/core/QuantizerBase.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -43,6 +44,7 @@ struct Desc {
   bool neg = false;     // the negative bit
   bool contiguous = false;  // default strides for its sizes and offset 0
   c10::Layout layout = c10::kStrided;  // another layout (sparse): sizes and dtype only, refused by the recorder
+  at::QuantizerPtr quantizer;  // a quantized tensor's (per-tensor affine, or unknown for empty()); null otherwise
 
   static Desc of(const at::Tensor& tensor);
   static Desc undefined();
@@ -50,6 +52,10 @@ struct Desc {
   void finish();
   bool operator==(const Desc& other) const;
 };
+
+/// The quantizer of a quantized tensor (a QTensorImpl: PyTorch's quantized tensors and
+/// LazyTensors), read without dispatch.
+at::QuantizerPtr quantizerOf(const at::Tensor& t);
 
 /// The output descriptors of one call, flat (a Tensor[] return contributes one per element).
 struct Shapes {
@@ -102,7 +108,7 @@ struct KeyView {
 class KeyBuilder {
  public:
   enum Tag : int64_t {
-    kNone = 1, kInt, kDouble, kBool, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kLazy,
+    kNone = 1, kInt, kDouble, kBool, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kLazy, kQuantizer,
     kConstant, kWrapped, kHost, kTensorList, kOptionalTensorList, kOther
   };
   explicit KeyBuilder(const c10::OperatorHandle& op);

@@ -163,7 +163,34 @@ def register() -> None:
         _library.impl(name, _rnn_autograd(getattr(getattr(aten, packet), overload)), "AutogradPrivateUse1")
     from .compat import ctc_loss_on_device
     _library.impl("ctc_loss.Tensor", ctc_loss_on_device, "AutogradPrivateUse1")
+    torch.UntypedStorage._swap_data_ptr_ = _swap_data_ptr_
     _registered = True
+
+
+_storage_swap_data_ptr = torch.UntypedStorage._swap_data_ptr_
+
+
+def _swap_data_ptr_(self, other):
+    """`UntypedStorage._swap_data_ptr_(other)`: for two storages of one remote_accelerator device
+    and the same size, their bytes are exchanged on the node (three recorded copies), so that
+    every tensor on either storage reads the other's bytes, as after eager's swap of the data
+    pointers; a LazyTensor holds its node value, which a swap of client-side pointers would not
+    move. NotImplementedError for an empty storage and a non-empty one (eager swaps those too).
+    Storages of other devices, and mismatched ones (PyTorch's errors), take torch's own."""
+    remote = "remote_accelerator"
+    if self.device.type == remote and other.device == self.device and 0 in (self.nbytes(), other.nbytes()) and \
+            self.nbytes() != other.nbytes():
+        raise NotImplementedError("UntypedStorage._swap_data_ptr_: swapping with an empty storage is not supported on "
+                                  "remote_accelerator (a storage cannot hand its tensors another node value)")
+    if self.device.type != remote or other.device != self.device or self.nbytes() != other.nbytes():
+        return _storage_swap_data_ptr(self, other)
+    if self.data_ptr() == other.data_ptr():
+        return None
+    kept = torch.UntypedStorage(self.nbytes(), device=self.device)
+    kept.copy_(self)
+    self.copy_(other)
+    other.copy_(kept)
+    return None
 
 
 # Recurrent layers kept whole as well: PyTorch's composite LSTM and GRU pick the fused cells

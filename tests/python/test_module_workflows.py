@@ -109,6 +109,18 @@ def test_storage_of_a_dead_tensor_keeps_its_value():
     assert again.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+def test_swapping_storages_swaps_what_their_tensors_read():
+    x, y = torch.arange(4.0).to(DEV), (torch.arange(4.0) + 10).to(DEV)
+    x_view = x[1:3]
+    x.untyped_storage()._swap_data_ptr_(y.untyped_storage())
+    assert x.cpu().tolist() == [10.0, 11.0, 12.0, 13.0] and y.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert x_view.cpu().tolist() == [11.0, 12.0]
+    with pytest.raises(RuntimeError, match="storages must have the same nbytes"):  # PyTorch's own check
+        x.untyped_storage()._swap_data_ptr_(torch.ones(5, device=DEV).untyped_storage())
+    with pytest.raises(NotImplementedError, match="swapping with an empty storage is not supported"):
+        x.untyped_storage()._swap_data_ptr_(torch.UntypedStorage(0, device=DEV))
+
+
 def test_lazy_clone_is_copy_on_write():
     t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=DEV)
     address = torch._C._data_address(t)

@@ -52,6 +52,9 @@ def record_op(func, args: tuple, kwargs: dict, host_args: tuple[int, ...] = ()):
     result = _C.record_op(func, args, kwargs, list(host_args))
     if result is NotImplemented:
         _raise_lost(args, kwargs)
+        bounded = _clamp_bounds_past_the_dtype(func, args, kwargs)
+        if bounded is not None:
+            return record_op(func, *bounded, host_args=host_args)
         unsigned = _unsigned_scalars_as_tensors(func, args, kwargs)
         if unsigned is not None:
             return record_op(*unsigned, host_args=host_args)
@@ -116,6 +119,43 @@ def _unsigned_scalars_as_tensors(func, args: tuple, kwargs: dict):
 def _kind(t) -> str:
     """A schema type's kind, looking through Optional: "NumberType" for Scalar and Scalar?."""
     return t.getElementType().kind() if t.kind() == "OptionalType" else t.kind()
+
+
+_CLAMPS = {"clamp": ("min", "max"), "clamp_": ("min", "max"), "clamp_min": ("min",), "clamp_min_": ("min",),
+           "clamp_max": ("max",), "clamp_max_": ("max",)}
+_C10_NAMES = {torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long", torch.uint8: "Byte",
+              torch.uint16: "UInt16", torch.uint32: "UInt32"}
+
+
+def _clamp_bounds_past_the_dtype(func, args: tuple, kwargs: dict):
+    """clamp, clamp_min, clamp_max (and in place) of an integer tensor other than uint64 with a
+    Python int bound above 2**63-1, which no wire scalar holds, as eager's kernel treats it: an
+    upper bound becomes the dtype's largest value (the same result); a lower bound is eager's
+    "outside the representable range" error. (args, kwargs) for the call to record, or None when
+    the call is not such a clamp."""
+    bounds = _CLAMPS.get(func._overloadpacket.__name__)
+    if bounds is None or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    dtype = args[0].dtype
+    if dtype not in _C10_NAMES:
+        return None
+    schema = func._schema.arguments
+    positional, named, changed = list(args), dict(kwargs), False
+    for i, a in enumerate(schema):
+        if a.name not in bounds:
+            continue
+        value = positional[i] if i < len(positional) else named.get(a.name)
+        if not _is_big_int(value):
+            continue
+        if a.name == "min":
+            raise RuntimeError(f"Clamp min value {float(value):g} is outside the representable range of "
+                               f"{_C10_NAMES[dtype]} (genie: {op_name(func)} on remote_accelerator, checked on the client)")
+        if i < len(positional):
+            positional[i] = torch.iinfo(dtype).max
+        else:
+            named[a.name] = torch.iinfo(dtype).max
+        changed = True
+    return (tuple(positional), named) if changed else None
 
 
 def _is_big_int(v) -> bool:

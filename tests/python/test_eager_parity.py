@@ -175,6 +175,20 @@ def test_uint64_scalars_above_int64_max():
     assert y.tolist() == torch.zeros(2).fill_(1 << 63).tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint64])
+def test_clamp_bounds_past_the_dtypes_range(dtype):
+    """An upper bound above every value leaves the tensor as it is (an int bound above 2**63-1
+    has no wire scalar); a lower bound above every value is eager's error."""
+    info = torch.iinfo(dtype)
+    big = info.max + 1 if dtype != torch.uint64 else info.max
+    for device in ("cpu", DEV):
+        x = torch.tensor([info.min, 0, info.max], dtype=dtype).to(device)
+        for out in (torch.clamp(x, max=big), torch.clamp_max(x, big), x.clone().clamp_(max=big)):
+            assert out.cpu().tolist() == [info.min, 0, info.max], (device, out)
+    if dtype != torch.uint64:
+        assert_raises_as_eager(lambda d: torch.clamp(_t([1, 2], d, dtype=dtype), min=big))
+
+
 def test_uint64_scalar_where_no_overload_takes_a_tensor_raises_naming_the_op():
     with pytest.raises(NotImplementedError, match=r"aten::threshold.*2\*\*63-1"):
         torch.nn.functional.threshold(torch.ones(2, device=DEV), 1 << 63, 0.)

@@ -71,6 +71,16 @@ using wire::Value;
 
 namespace {
 
+/// A tensor with the quantized key set but another dtype: `q.view(torch.uint8)` keeps the key set
+/// of a quantized `q` on a plain TensorImpl, and PyTorch's quantized kernels (as_strided, ...)
+/// would then read it as a QTensorImpl and crash the process. Refused where an op makes one.
+bool misreadQuantized(const at::Tensor& t) {
+  return t.defined() && t.is_quantized() && !c10::isQIntType(t.scalar_type());
+}
+constexpr const char* kMisreadQuantized =
+    "viewing a quantized tensor as a tensor of another dtype is not supported (PyTorch's quantized kernels "
+    "would read the view as a quantized tensor); use int_repr()";
+
 /// Held shared by every graph run, exclusively by one that changes the default dtype.
 std::shared_mutex& defaultDtypeMutex() {
   static std::shared_mutex mutex;
@@ -640,6 +650,7 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
       return fail(wire::ErrorCode::OutOfMemory, **out_of_memory);
     }
     if (stack.size() == 1 && stack[0].isTensor() && node.num_outputs == 1) {  // the common case
+      if (misreadQuantized(stack[0].toTensor())) return fail(wire::ErrorCode::TorchError, kMisreadQuantized);
       values[node.first_output_value] = std::move(stack[0]).toTensor();
       drop_dead(index);
       continue;
@@ -649,6 +660,9 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
     if (outputs.size() != node.num_outputs) {
       return fail(wire::ErrorCode::SchemaMismatch, fmt::format("produced {} tensors, the graph expects {}",
                                                               outputs.size(), node.num_outputs));
+    }
+    for (const at::Tensor& t : outputs) {
+      if (misreadQuantized(t)) return fail(wire::ErrorCode::TorchError, kMisreadQuantized);
     }
     for (size_t k = 0; k < outputs.size(); ++k) values[node.first_output_value + k] = std::move(outputs[k]);
     drop_dead(index);

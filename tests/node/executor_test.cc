@@ -338,6 +338,35 @@ TEST_F(ExecutorTest, TorchErrorsKeepTheExceptionClassEagerRaises) {
   EXPECT_EQ(mm_result.status().remote()->error_class, "c10::Error");
 }
 
+TEST_F(ExecutorTest, AQuantizedTensorViewedAsAnotherDtypeIsRefusedNotRun) {
+  // q.view(torch.uint8) keeps the quantized key set on a plain TensorImpl; as_strided of it would
+  // read it as a QTensorImpl and crash the node. The view is refused where it is made.
+  GraphBuilder g;
+  uint32_t q = g.input(DType::QUInt8, {3});
+  uint32_t v = g.op("aten::view", "dtype", {T(q), Dtype(DType::UInt8)});
+  g.op("aten::as_strided", "", {T(v), Ints({3}), Ints({1}), I(0)});
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  std::vector<at::Tensor> inputs = {at::quantize_per_tensor(at::randn({3}), 0.1, 5, at::kQUInt8)};
+  auto result = executor.run(*compiled.graph, inputs, {});
+  ASSERT_FALSE(result.isOk());
+  ASSERT_NE(result.status().remote(), nullptr);
+  EXPECT_EQ(codeOf(*result.status().remote()), wire::ErrorCode::TorchError);
+  EXPECT_EQ(result.status().remote()->op_index, 0);
+  EXPECT_NE(result.status().remote()->message.find("viewing a quantized tensor as a tensor of another dtype"),
+            std::string::npos)
+      << result.status().remote()->message;
+  // A quantized tensor's own ops run: int_repr.
+  GraphBuilder ok;
+  uint32_t q2 = ok.input(DType::QUInt8, {3});
+  ok.op("aten::int_repr", "", {T(q2)});
+  auto ok_compiled = compileOrFail(executor, ok);
+  ASSERT_NE(ok_compiled.graph, nullptr);
+  auto values = runOrFail(executor, *ok_compiled.graph, inputs);
+  ASSERT_FALSE(values.empty());
+  EXPECT_TRUE(at::equal(values.back(), inputs[0].int_repr()));
+}
+
 TEST_F(ExecutorTest, WrongInputCountsAreRefused) {
   GraphBuilder g;
   uint32_t x = g.input(DType::Float32, {2});

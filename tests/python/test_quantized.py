@@ -2,6 +2,8 @@
 quantizer known on the client, their values equal to eager's on the CPU (integer
 representations compared exactly); what is not supported raises NotImplementedError naming it."""
 
+import io
+
 import pytest
 import torch
 
@@ -105,3 +107,13 @@ def test_unsupported_quantization_raises_naming_the_feature():
         torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0,
                                    torch.quint8).to(DEV)
     assert x.shape == (2, 3) and x.cpu().shape == (2, 3)  # the device still serves
+
+
+def test_a_view_as_another_dtype_and_saving_raise_and_the_node_serves_on():
+    q = _q(torch.randn(4).to(DEV))
+    with pytest.raises(NotImplementedError, match="aten::view.dtype: viewing a quantized tensor as a tensor of "
+                                                  "another dtype is not supported"):
+        q.view(torch.uint8)
+    with pytest.raises(NotImplementedError):  # torch.save views the storage's bytes
+        torch.save(q, io.BytesIO())
+    assert q.int_repr().cpu().shape == (4,)

@@ -726,6 +726,14 @@ Shapes quantizedShapes(const c10::OperatorHandle& op, const OpFacts& facts, cons
   const std::exception_ptr zeros = run(0.0, zeros_out);
   const std::exception_ptr ones = run(1.0, ones_out);
   if (zeros && ones) raiseEager(zeros, facts);
+  // A view as another dtype keeps the quantized key set on a plain TensorImpl, which PyTorch's
+  // quantized kernels would later misread (and crash on): refused, as the node refuses it.
+  for (const c10::IValue& out : zeros ? ones_out : zeros_out) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!out.isTensor() || !out.toTensor().defined() || !out.toTensor().is_quantized() ||
+                                    c10::isQIntType(out.toTensor().scalar_type()),
+                                facts.name, ": viewing a quantized tensor as a tensor of another dtype is not "
+                                "supported on remote_accelerator; use int_repr()");
+  }
   Shapes shapes = shapesOfResults(zeros ? ones_out : zeros_out);
   const std::optional<Shapes> other = zeros || ones ? std::nullopt : std::optional<Shapes>(shapesOfResults(ones_out));
   for (size_t i = 0; i < shapes.outputs.size(); ++i) {

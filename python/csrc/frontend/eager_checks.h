@@ -96,7 +96,9 @@ bool isQuantizedCall(const OpFacts& facts, const torch::jit::Stack& args);
 /// with no quantized kernel included. NotImplementedError naming the op when an output's
 /// quantizer differs between the runs (it depends on the values: `quantize_per_tensor_dynamic`),
 /// is not per-tensor affine (per-channel quantization is not supported on remote_accelerator),
-/// or when the arguments need more than 64 MiB on the CPU.
+/// for a view of a quantized tensor as another dtype (`q.view(torch.uint8)`: PyTorch keeps the
+/// quantized key set on it, and its quantized kernels would misread it), or when the arguments
+/// need more than 64 MiB on the CPU.
 Shapes quantizedShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 }  // namespace genie::frontend

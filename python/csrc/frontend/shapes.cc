@@ -27,8 +27,11 @@ namespace genie::frontend {
 // ---- Desc ---------------------------------------------------------------------------------
 
 at::QuantizerPtr quantizerOf(const at::Tensor& t) {
-  // A quantized tensor's TensorImpl is a QTensorImpl (LazyTensorImpl derives from it).
-  return static_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl())->quantizer();
+  // A quantized tensor's TensorImpl is a QTensorImpl (LazyTensorImpl derives from it); a view of
+  // one as another dtype (`q.view(torch.uint8)`) keeps the quantized key set on a plain TensorImpl.
+  if (!t.defined() || !c10::isQIntType(t.scalar_type())) return {};
+  auto* impl = dynamic_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl());
+  return impl != nullptr ? impl->quantizer() : at::QuantizerPtr();
 }
 
 Desc Desc::of(const at::Tensor& tensor) {
@@ -45,7 +48,7 @@ Desc Desc::of(const at::Tensor& tensor) {
   d.dtype = tensor.scalar_type();
   d.conj = tensor.is_conj();
   d.neg = tensor.is_neg();
-  if (tensor.is_quantized()) d.quantizer = quantizerOf(tensor);
+  if (tensor.is_quantized()) d.quantizer = quantizerOf(tensor);  // null unless of a quantized dtype
   d.finish();
   return d;
 }
@@ -375,7 +378,7 @@ void KeyBuilder::addLazy(const at::Tensor& t) {
   words_.push_back(t.storage_offset());
   if (t.is_quantized()) {  // the outputs' quantizers follow the arguments'
     words_.push_back(kQuantizer);
-    const at::QuantizerPtr q = quantizerOf(t);
+    const at::QuantizerPtr q = quantizerOf(t);  // null for a view as another dtype
     if (const auto* affine = dynamic_cast<const at::PerTensorAffineQuantizer*>(q.get())) {
       int64_t scale_bits;
       const double scale = affine->scale();

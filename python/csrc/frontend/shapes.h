@@ -53,8 +53,8 @@ struct Desc {
   bool operator==(const Desc& other) const;
 };
 
-/// The quantizer of a quantized tensor (a QTensorImpl: PyTorch's quantized tensors and
-/// LazyTensors), read without dispatch.
+/// The quantizer of a tensor of a quantized dtype (a QTensorImpl: PyTorch's quantized tensors
+/// and LazyTensors), read without dispatch; null for any other tensor.
 at::QuantizerPtr quantizerOf(const at::Tensor& t);
 
 /// The output descriptors of one call, flat (a Tensor[] return contributes one per element).

@@ -175,6 +175,17 @@ def test_uint64_scalars_above_int64_max():
     assert y.tolist() == torch.zeros(2).fill_(1 << 63).tolist()
 
 
+@pytest.mark.parametrize("call", [
+    lambda d: _t([True, False], d) - _t([True, True], d),   # two bool tensors
+    lambda d: 1 - _t([True, False], d),                     # rsub.Scalar: a bool tensor
+    lambda d: _t([True, False], d) - 1,
+    lambda d: _t([True, False], d).sub_(True),
+    lambda d: torch.rsub(_t([True], d), _t([1.5], d)),
+])
+def test_subtraction_with_bool_tensors_raises_at_the_op(call):
+    assert_raises_as_eager(call)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint64])
 def test_clamp_bounds_past_the_dtypes_range(dtype):
     """An upper bound above every value leaves the tensor as it is (an int bound above 2**63-1

@@ -258,6 +258,26 @@ void checkAlpha(const OpFacts& facts, const torch::jit::Stack& args) {
               "For non-complex input tensors, argument alpha must not be a complex number.", where(facts));
 }
 
+/// sub(_)(self, other, alpha), rsub (other - self) and their out= and Scalar overloads:
+/// sub_check (aten/src/ATen/native/BinaryOps.h), which the meta kernel does not repeat, then
+/// checkAlpha.
+void checkSub(const OpFacts& facts, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensorAt(args, 0);
+  if (self != nullptr && args.size() > 1) {
+    const at::Tensor* other = tensorAt(args, 1);
+    const bool self_bool = self->scalar_type() == at::kBool;
+    const bool other_bool = other != nullptr ? other->scalar_type() == at::kBool : args[1].isBool();
+    TORCH_CHECK_NOT_IMPLEMENTED(!self_bool || !other_bool,
+                                "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                                "Use the `^` or `logical_xor()` operator instead.", where(facts));
+    TORCH_CHECK_NOT_IMPLEMENTED(!self_bool && !other_bool,
+                                "Subtraction, the `-` operator, with a bool tensor is not supported. "
+                                "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.",
+                                where(facts));
+  }
+  checkAlpha(facts, args);
+}
+
 // ---- resize_: aten/src/ATen/native/Resize.cpp, c10/core/TensorImpl.cpp empty_tensor_restride ----
 
 /// resize_(self, size, memory_format): the byte size and the contiguous strides of `size` must
@@ -578,8 +598,9 @@ const std::unordered_map<std::string, Check>& checks() {
       {"aten::heaviside_", checkHeaviside},
       {"aten::add", checkAlpha},
       {"aten::add_", checkAlpha},
-      {"aten::sub", checkAlpha},
-      {"aten::sub_", checkAlpha},
+      {"aten::sub", checkSub},
+      {"aten::sub_", checkSub},
+      {"aten::rsub", checkSub},
   };
   return *table;
 }

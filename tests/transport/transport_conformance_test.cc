@@ -165,8 +165,9 @@ TEST_P(TransportTest, APayloadIsReceivedInPartsWithoutStaging) {
     }
     ASSERT_TRUE(sent->wait(10s).has_value());
   }
-  std::vector<uint8_t> small(100);
-  pair.to_server->send(bytesOf("short"), {small.data(), small.size()}, [](Status) {});
+  std::vector<uint8_t> small(100);  // must outlive its send: waited for below
+  auto small_sent = std::make_shared<Awaitable<Status>>();
+  pair.to_server->send(bytesOf("short"), {small.data(), small.size()}, [small_sent](Status s) { small_sent->set(s); });
   auto message = pair.server.nextMessage();
   ASSERT_TRUE(message.has_value());
   std::vector<uint8_t> a(50), b(40);
@@ -176,6 +177,7 @@ TEST_P(TransportTest, APayloadIsReceivedInPartsWithoutStaging) {
   auto status = refused->wait(10s);
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->code(), StatusCode::kInvalidArgument) << status->toString();
+  ASSERT_TRUE(small_sent->wait(10s).has_value());
 }
 
 TEST_P(TransportTest, OneGibTransferArrivesIntact) {

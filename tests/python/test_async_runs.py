@@ -59,7 +59,7 @@ def test_long_loop_stays_bounded(runtime):
 def test_async_failure_is_raised_at_the_next_read(runtime):
     x = torch.arange(4.0).to(DEV)
     x.cpu()  # resident before the failing window
-    index = torch.tensor([7]).to(DEV)  # out of range: only the node can know
+    index = torch.tensor([7.0]).to(DEV).long()  # out of range, made on the node from a float: only it knows
     bad = x[index] * 2
     y = x + 1
     for _ in range(40):  # the failing op travels in an asynchronous run, more runs follow it
@@ -77,7 +77,7 @@ def test_async_failure_is_raised_at_the_next_read(runtime):
 
 def test_synchronize_waits_for_async_runs_and_reports_their_failure(runtime):
     x = torch.arange(4.0).to(DEV)
-    index = torch.tensor([9]).to(DEV)
+    index = torch.tensor([9.0]).to(DEV).long()  # out of range, known to the node only
     bad = x[index]
     for _ in range(40):
         bad = bad + 1

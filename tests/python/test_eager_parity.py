@@ -144,6 +144,66 @@ def test_the_program_goes_on_after_an_error_at_the_op():
     assert x.index_fill_(1, _t([0], DEV), -1.).tolist() == [[-1., 1., 2.], [-1., 4., 5.]]
 
 
+# ---- errors that depend on values the host knows: raised at the op ------------------------------
+
+def test_an_index_out_of_range_whose_values_the_host_knows_raises_at_the_op():
+    """Uploaded indices, and indices made by factories and exact integer writes (torch.ones
+    records empty then fill_, torch.arange empty then arange.out; `ind[-1] = 10` a select and a
+    fill_), are checked with their values at x[ind], x[ind] = v (index_fill_) and index_put_."""
+    def with_written_index(d, fill_at, bad):
+        ind = torch.ones(20, dtype=torch.int64, device=d)
+        ind[fill_at] = bad
+        return ind
+
+    cases = [
+        lambda d: torch.zeros(5, device=d)[with_written_index(d, -1, 10)],
+        lambda d: torch.zeros(5, device=d).__setitem__(with_written_index(d, 0, 11), 0),
+        lambda d: torch.zeros(5, device=d).index_put_((with_written_index(d, 3, -6),), _t(1., d)),
+        lambda d: torch.zeros(3, 5, device=d)[:, _t([[0, 7], [1, -9]], d)],
+        lambda d: torch.zeros(3, 5, 4, device=d)[_t([2, 1], d), _t([0, 5], d)],
+        lambda d: torch.zeros(3, 4, device=d).index_fill_(-1, _t([1, -7], d), 0),
+    ]
+
+    def arange_written(d):
+        ind = torch.arange(3, device=d)
+        ind[2] = -6
+        ind.add_(1)  # -5: still out of range for 4
+        return torch.zeros(2, 4, device=d)[:, ind]
+
+    for fn in cases + [arange_written]:
+        assert_raises_as_eager(fn)
+    # in range after the writes: no error, eager's values
+    ind = with_written_index(DEV, 2, 4)
+    assert torch.arange(5., device=DEV)[ind].cpu().tolist() == torch.arange(5.)[with_written_index("cpu", 2, 4)].tolist()
+
+
+def test_an_index_only_the_node_knows_is_checked_there():
+    """Indices computed from floating-point values (or read from the node) are not known on the
+    host: the op is recorded, and the node raises eager's IndexError at the next read."""
+    x = torch.zeros(5, device=DEV)
+    index = (torch.tensor([2.5, 7.5]).to(DEV)).long()  # 7: only the node computes it
+    bad = x[index]  # recorded
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 5"):
+        bad.cpu()
+    written = torch.ones(4, dtype=torch.int64, device=DEV)
+    written[0] = torch.tensor(7.5).to(DEV).long()  # a write of a value the host does not know
+    bad = torch.zeros(5, device=DEV)[written]  # (x is lost with the run that failed)
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        bad.cpu()
+
+
+def test_the_replay_of_writes_answers_checks_not_reads():
+    """A read of a written storage still goes to the node (host evaluation keeps no copy of a
+    written storage); the check's replay leaves no host copy behind."""
+    ind = torch.zeros(3, dtype=torch.int64, device=DEV)
+    ind[1] = 2
+    torch.arange(4., device=DEV)[ind]  # checked with the replayed values
+    genie.synchronize()
+    before = genie.client_stats()["round_trips"]
+    assert ind.tolist() == [0, 2, 0]
+    assert genie.client_stats()["round_trips"] == before + 1
+
+
 # ---- values computed as eager computes them ------------------------------------------------------
 
 def test_uint8_masks_index_as_bool_masks_with_eagers_warning():

@@ -23,7 +23,7 @@ def test_shape_error_names_the_op():
 
 def test_remote_error_names_op_and_index():
     x = torch.arange(4.0).to(DEV)
-    index = torch.tensor([7]).to(DEV)  # out of range: only the node can know
+    index = torch.tensor([7.0]).to(DEV).long()  # out of range, made on the node from a float: only it knows
     y = x * 2
     bad = y[index]
     with pytest.raises(GenieRemoteError) as info:

@@ -10,6 +10,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/quantized/Quantizer.h>
+#include <ATen/ops/index.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
@@ -29,6 +30,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "frontend/host_eval.h"
 #include "frontend/lazy_tensor.h"
 #include "frontend/op_facts.h"
 #include "frontend/recording.h"
@@ -670,6 +672,21 @@ std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpF
     }
   }
   if (on_written > static_cast<int>(n_written)) unusual = true;
+  // An in-place op with an argument of another dtype: the meta kernels skip TensorIterator's
+  // check that the result type casts to the written tensor (`int_tensor *= float_tensor`:
+  // "result type Float can't be cast to the desired output type Int").
+  for (int w : facts.writes) {
+    if (unusual || w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
+    const at::Tensor& t = args[w].toTensor();
+    if (!t.defined() || !isLazy(t)) continue;
+    for (const c10::IValue& x : args) {
+      if (x.isTensor() && x.toTensor().defined() && x.toTensor().scalar_type() != t.scalar_type()) unusual = true;
+      if ((x.isDouble() && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) ||
+          (x.isComplexDouble() && !at::isComplexType(t.scalar_type()))) {
+        unusual = true;
+      }
+    }
+  }
   for (const c10::IValue& x : args) {
     if (x.isTensor()) visit(x.toTensor());
     if (x.isTensorList()) {
@@ -698,6 +715,83 @@ std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const Op
     context.setDeterministicAlgorithms(true, warn_only);
     throw;
   }
+}
+
+namespace {
+
+/// `index`'s values if the host knows them (host_eval.h checkedHostValue), as a CPU tensor of
+/// its sizes and dtype; a host tensor as itself; undefined otherwise.
+at::Tensor knownIndex(const at::Tensor& index) {
+  LazyTensorImpl* lazy = lazyImpl(index);
+  if (lazy == nullptr) return index;
+  if (!lazy->value() || index.numel() * static_cast<int64_t>(index.element_size()) > kHostEvalMaxBytes) return {};
+  at::Tensor host = checkedHostValue(*lazy->value(), lazy->recording());
+  if (!host.defined() || host.sizes() != index.sizes() || host.scalar_type() != index.scalar_type()) return {};
+  return host;
+}
+
+/// Runs `check` (the CPU's kernel on stand-ins) and raises the IndexError it raises, as eager's.
+template <typename F>
+void raiseIndexError(const OpFacts& facts, F&& check) {
+  try {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    check();
+  } catch (c10::IndexError& e) {
+    e.add_context("genie: " + facts.name + " on remote_accelerator, checked on the client with the indices' values "
+                  "known on the host");
+    throw;
+  } catch (const std::exception&) {
+    // another error (shapes that do not broadcast): the recorder's checks raise eager's
+  }
+}
+
+/// index_fill(_)(self, dim, index, value): the CPU's index_fill on a tensor of self's rank whose
+/// only dimension of more than one element is `dim`.
+void checkIndexFillValues(const OpFacts& facts, const c10::IValue* first, size_t n) {
+  if (n < 3 || !first[0].isTensor() || !first[1].isInt() || !first[2].isTensor()) return;
+  const at::Tensor& self = first[0].toTensor();
+  const at::Tensor& index = first[2].toTensor();
+  if (!isLazy(self) || !isLazy(index) || self.dim() == 0 || index.scalar_type() != at::kLong) return;
+  const int64_t dim = first[1].toInt();
+  if (dim < -self.dim() || dim >= self.dim() || self.size(dim) > (int64_t{1} << 24)) return;
+  at::Tensor host = knownIndex(index);
+  if (!host.defined()) return;
+  std::vector<int64_t> sizes(self.dim(), 1);
+  sizes[dim < 0 ? dim + self.dim() : dim] = self.size(dim);
+  raiseIndexError(facts, [&] { at::zeros(sizes, at::TensorOptions().dtype(at::kByte)).index_fill_(dim, host, 0); });
+}
+
+}  // namespace
+
+void checkIndexValues(const OpFacts& facts, const c10::IValue* first, size_t n) {
+  if (facts.name.rfind("aten::index_fill", 0) == 0) return checkIndexFillValues(facts, first, n);
+  if (n < 2 || !first[0].isTensor() || !first[1].isList()) return;
+  const at::Tensor& self = first[0].toTensor();
+  if (!isLazy(self)) return;
+  const auto list = first[1].toListRef();
+  if (list.size() > static_cast<size_t>(self.dim())) return;  // too many indices: the shapes say so
+  c10::List<std::optional<at::Tensor>> indices;
+  std::vector<int64_t> sizes;
+  bool device_index = false;
+  for (size_t d = 0; d < list.size(); ++d) {
+    const c10::IValue& x = list[d];
+    if (!x.isTensor() || !x.toTensor().defined()) {
+      indices.push_back(std::nullopt);
+      sizes.push_back(1);  // a whole dimension: its size plays no part in the bounds
+      continue;
+    }
+    const at::Tensor& index = x.toTensor();
+    if (index.scalar_type() != at::kLong && index.scalar_type() != at::kInt) return;  // masks: other rules
+    sizes.push_back(self.size(static_cast<int64_t>(d)));
+    at::Tensor host = knownIndex(index);
+    if (!host.defined()) return;
+    indices.push_back(host);
+    device_index = device_index || isLazy(index);
+  }
+  if (!device_index) return;
+  raiseIndexError(facts, [&] { at::index(at::zeros({}, at::TensorOptions().dtype(at::kByte)).expand(sizes), indices); });
 }
 
 bool isQuantizedCall(const OpFacts& facts, const torch::jit::Stack& args) {

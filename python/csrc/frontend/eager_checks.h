@@ -53,6 +53,17 @@ void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
 std::optional<Shapes> shapesOnCpuKernels(const c10::OperatorHandle& op, const OpFacts& facts,
                                         const torch::jit::Stack& args, const std::exception& error);
 
+/// For index.Tensor, index_put, index_put_, _index_put_impl_ and index_fill(_) (`x[idx]`,
+/// `x[idx] = v`; OpFacts::checks_index_values) with integer index tensors whose values the host knows (host_eval.h checkedHostValue: uploaded,
+/// or computed from uploads and factories by exact ops, writes included): eager's IndexError
+/// for an index out of range ("index 10 is out of bounds for dimension 0 with size 5"), raised
+/// at the op with "(genie: <op> on remote_accelerator, checked on the client with the indices'
+/// values known on the host)". The CPU's kernel decides, on a zero-filled stand-in of the
+/// indexed tensor's sizes. Runs on every call (the values change, the plan-cache key does not);
+/// returns otherwise, an index whose values only the node knows included (the node raises
+/// then, at the next read). Under the process lock.
+void checkIndexValues(const OpFacts& facts, const c10::IValue* first, size_t n);
+
 /// Whether eager's kernel of the operator `name` ("aten::std", without the overload) warns about
 /// its arguments where the meta kernel does not: std, var, std_mean and var_mean with no degrees
 /// of freedom left; put and put_ without accumulate under torch.use_deterministic_algorithms (its
@@ -74,7 +85,9 @@ void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 /// Also for a call that writes a tensor overlapping itself (an expanded tensor) or sharing its
 /// storage with another argument: eager's memory-overlap checks ("unsupported operation: more
 /// than one element of the written-to tensor refers to a single memory location") are op by op,
-/// and the probe's tensors on one storage share one CPU buffer.
+/// and the probe's tensors on one storage share one CPU buffer. And for an in-place call with an
+/// argument of another dtype (a tensor, or a float or complex number for a tensor of a lower
+/// category): the meta kernels skip the check that the result type casts to the written tensor.
 /// For an out= call that passes, the outputs as the CPU kernel left them: an out= tensor resized
 /// from another shape takes the strides eager's TensorIterator gives it (following its inputs'
 /// layout, where the Python meta kernels make it contiguous), so the client's geometry is the

@@ -3,12 +3,15 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/core/List.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
 #include <string_view>
+#include <unordered_map>
 
 #include "frontend/op_facts.h"
+#include "frontend/recording.h"
 
 namespace genie::frontend {
 namespace {
@@ -27,119 +30,350 @@ bool exactDtype(at::ScalarType t) { return !at::isFloatingType(t) && !at::isComp
 
 bool small(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()) <= kHostEvalMaxBytes; }
 
+bool deniedName(const c10::OperatorHandle& op) {
+  std::string_view name = op.schema().name();
+  name.remove_prefix(name.find("::") + 2);
+  for (std::string_view denied : kDenied) {
+    if (name.substr(0, denied.size()) == denied) return true;
+  }
+  return false;
+}
+
 bool opIsExact(const OpFacts& facts, const c10::OperatorHandle& op) {
   if (!facts.writes.empty() || facts.seeded || facts.route == Route::kPython || facts.route == Route::kScalar) {
     return false;
   }
-  std::string_view name = op.schema().name();
-  name.remove_prefix(name.find("::") + 2);
-  for (std::string_view denied : kDenied) {
-    if (name.substr(0, denied.size()) == denied) return false;
-  }
-  return true;
+  return !deniedName(op);
 }
+
+class Replay;
 
 /// Computes a value on the host. With `dry_run`, only checks that it could (every op exact,
 /// every leaf known on the host, within the budget): a read the host cannot answer costs a walk
 /// of the graph, not the ops on the way to the first unknown. Failure is a flag, not an
-/// exception (an unwind costs more than the walk).
+/// exception (an unwind costs more than the walk). With a Replay, values on the replayed storage
+/// are the replay's, and nothing computed is kept in Value::host (a memo of this evaluation
+/// instead).
 class HostEvaluator {
  public:
-  explicit HostEvaluator(bool dry_run) : dry_run_(dry_run) {}
+  explicit HostEvaluator(bool dry_run, Replay* replay = nullptr) : dry_run_(dry_run), replay_(replay) {}
 
   bool failed() const { return failed_; }
 
-  at::Tensor of(Value& value) {
-    if (failed_ || value.storage->written) return fail();
-    if (value.host.defined()) return value.host;
-    Node* node = value.producer;
-    if (node == nullptr || budget_ <= 0 || !node->writes.empty()) return fail();
-    const OpFacts& facts = node->facts;
-    if (!opIsExact(facts, node->op)) return fail();
-    for (const ValuePtr& v : node->outputs) {
-      if (!exactDtype(v->dtype)) return fail();
-    }
-    --budget_;
-    if (dry_run_) {
-      for (const c10::IValue& a : node->args) arg(a);
-      return {};
-    }
-    torch::jit::Stack stack;
-    for (size_t i = 0; i < node->args.size(); ++i) {
-      const c10::IValue& a = node->args[i];
-      if (i < facts.args.size() && facts.args[i] == ArgKind::kTensor && a.isScalar()) {
-        at::Tensor number = c10::scalar_to_tensor(a.toScalar());  // a Python number at a Tensor argument
-        number.unsafeGetTensorImpl()->set_wrapped_number(true);
-        stack.emplace_back(std::move(number));
-      } else {
-        stack.push_back(arg(a));
-      }
-    }
-    if (failed_) return {};
-    try {
-      node->op.callBoxed(stack);
-    } catch (const std::exception&) {
-      return fail();  // the node will report its own error
-    }
-    std::vector<at::Tensor> outs;
-    for (const c10::IValue& out : stack) {
-      if (out.isTensor()) {
-        outs.push_back(out.toTensor());
-      } else if (out.isTensorList()) {
-        for (const at::Tensor& t : out.toTensorList()) outs.push_back(t);
-      } else {
-        return fail();
-      }
-    }
-    if (outs.size() != node->outputs.size()) return fail();
-    for (size_t i = 0; i < outs.size(); ++i) {
-      Value& v = *node->outputs[i];
-      if (outs[i].defined() && outs[i].scalar_type() == v.dtype && small(outs[i])) v.host = outs[i];
-    }
-    if (!value.host.defined()) return fail();
-    return value.host;
-  }
+  at::Tensor of(Value& value);
 
- private:
+  /// The node's outputs computed on the host from its arguments (empty when it failed, or on a
+  /// dry run). `writes_ok`: a write a Replay applies (its outputs are views of what it wrote).
+  std::vector<at::Tensor> run(Node& node, bool writes_ok = false);
+
   at::Tensor fail() {
     failed_ = true;
     return {};
   }
 
-  c10::IValue arg(const c10::IValue& a) {
-    if (a.isCapsule()) {
-      Value* v = valueOf(a);
-      if (!exactDtype(v->dtype)) return fail();
-      return of(*v);
-    }
-    if (a.isTensor()) {
-      if (a.toTensor().defined() && !exactDtype(a.toTensor().scalar_type())) return fail();
-      return a;
-    }
-    if (a.isDevice() && a.toDevice().type() != c10::kCPU) return c10::Device(c10::kCPU);
-    if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
-      const auto list = a.toListRef();
-      bool tensors = false;
-      for (const c10::IValue& x : list) tensors = tensors || x.isCapsule() || x.isTensor();
-      if (!tensors) return a;
-      bool optional = false;
-      for (const c10::IValue& x : list) optional = optional || x.isNone();
-      if (optional) {
-        c10::List<std::optional<at::Tensor>> out;
-        for (const c10::IValue& x : list) out.push_back(x.isNone() ? std::nullopt : std::optional<at::Tensor>(arg(x).toTensor()));
-        return out;
-      }
-      c10::List<at::Tensor> out;
-      for (const c10::IValue& x : list) out.push_back(arg(x).toTensor());
-      return out;
-    }
-    return a;
-  }
+  /// The host form of one argument: a Value's host contents, a CPU device for the node's, a
+  /// list of them.
+  c10::IValue arg(const c10::IValue& a);
 
+  /// The seq of the node whose arguments are being read (0: the read that started it).
+  int64_t reader() const { return reader_; }
+
+ private:
   int budget_ = kHostEvalMaxNodes;
   const bool dry_run_;
+  Replay* const replay_;
   bool failed_ = false;
+  int64_t reader_ = 0;
+  std::unordered_map<const Value*, at::Tensor> memo_;  // with a Replay
 };
+
+/// The contents of one storage that recorded ops wrote, replayed on the host in program order:
+/// the op that made it, then every write to it (see checkedHostValue). Reads of it are allowed
+/// to the writes themselves while they are applied, and afterwards to ops recorded after the
+/// last write; the views on the way share its host buffer, as the node's share its memory.
+class Replay {
+ public:
+  Replay(Storage& storage, const Recording& recording) : storage_(&storage) {
+    for (const NodePtr& node : recording.pending()) {
+      for (const StoragePtr& w : node->writes) {
+        if (w.get() == storage_) {
+          writers_.push_back(node.get());
+          break;
+        }
+      }
+    }
+    // every write still pending (none ran on the node, none was dropped), and few of them
+    ok_ = !writers_.empty() && writers_.size() == storage.writes && writers_.size() <= kMaxWrites;
+  }
+
+  const Storage* storage() const { return storage_; }
+
+  /// Applies every write in program order, `value` (on the storage) giving the way to the op
+  /// that made the storage. False when the host cannot.
+  bool apply(Value& value, HostEvaluator& ev) {
+    if (!ok_ || !findCreator(value, ev)) return false;
+    for (Node* w : writers_) {
+      if (w->writes.size() != 1 || !writeIsExact(*w)) return false;
+      applying_ = w->seq;
+      ev.run(*w, /*writes_ok=*/true);
+      if (ev.failed()) return false;
+    }
+    applying_ = 0;
+    return true;
+  }
+
+  /// `value`'s contents (a host view of the storage's buffer) read on behalf of ev.reader().
+  at::Tensor read(Value& value, HostEvaluator& ev) {
+    const int64_t reader = ev.reader();
+    const bool allowed = geometry_ > 0 ||  // a view op on the way: geometry, not contents
+                         (applying_ != 0 ? reader == applying_ : (reader == 0 || reader > writers_.back()->seq));
+    if (!allowed) return ev.fail();
+    return viewOf(value, ev);
+  }
+
+ private:
+  static constexpr size_t kMaxWrites = 16;
+
+  static bool writeIsExact(const Node& node);
+
+  /// Follows `value` back through views of the storage and the writes that return it to the op
+  /// that made the storage, whose output becomes the buffer.
+  bool findCreator(Value& value, HostEvaluator& ev) {
+    Value* v = &value;
+    for (int steps = 0; steps < kHostEvalMaxNodes; ++steps) {
+      Node* p = v->producer;
+      if (p == nullptr) {
+        if (!v->host.defined()) return false;  // resident and unknown: the node has it
+        creator_ = v;
+        root_ = v->host.clone();
+        return true;
+      }
+      Value* aliased = aliasedInput(*v);
+      if (aliased == nullptr) {  // a new storage: this op made it
+        if (p->seq >= writers_.front()->seq) return false;
+        if (uninitialized(*p)) {  // `empty` (torch.ones records empty, then fill_): the first write fills it all
+          if (!v->sized || !overwrites(*writers_.front(), *v)) return false;
+          creator_ = v;
+          root_ = at::zeros(v->sizes, at::TensorOptions().dtype(v->dtype));
+          return true;
+        }
+        std::vector<at::Tensor> outs = ev.run(*p);
+        if (ev.failed() || v->index >= outs.size() || !outs[v->index].defined()) return false;
+        creator_ = v;
+        root_ = outs[v->index];
+        return true;
+      }
+      if (aliased->storage.get() != storage_) return false;
+      v = aliased;
+    }
+    return false;
+  }
+
+  /// The argument Value on the same storage that output `v` of its producer aliases (a view) or
+  /// is (a write that returns what it wrote); nullptr for a new tensor.
+  static Value* aliasedInput(const Value& v) {
+    const Node& p = *v.producer;
+    const OpFacts& facts = p.facts;
+    const size_t r = facts.list_return ? 0 : v.index;
+    if (r >= facts.returns.size()) return nullptr;
+    const ReturnFacts& ret = facts.returns[r];
+    if (ret.kind == ReturnFacts::kNew || ret.arg < 0 || static_cast<size_t>(ret.arg) >= p.args.size()) return nullptr;
+    Value* in = valueOf(p.args[ret.arg]);
+    return in != nullptr && in->storage == v.storage ? in : nullptr;
+  }
+
+  /// A host view of the buffer with `value`'s geometry, made by the same view ops.
+  at::Tensor viewOf(Value& value, HostEvaluator& ev) {
+    if (&value == creator_) return root_;
+    auto it = views_.find(&value);
+    if (it != views_.end()) return it->second;
+    Node* p = value.producer;
+    if (p == nullptr) return ev.fail();
+    Value* aliased = aliasedInput(value);
+    if (aliased == nullptr) return ev.fail();
+    at::Tensor view;
+    if (p->facts.returns[p->facts.list_return ? 0 : value.index].kind == ReturnFacts::kWrite) {
+      view = viewOf(*aliased, ev);  // what the write returns is what it wrote
+    } else {
+      if (!viewIsExact(*p)) return ev.fail();
+      ++geometry_;
+      std::vector<at::Tensor> outs = ev.run(*p);  // a view: reads the buffer's geometry only
+      --geometry_;
+      if (ev.failed() || value.index >= outs.size()) return ev.fail();
+      view = outs[value.index];
+    }
+    if (!view.defined()) return ev.fail();
+    views_.emplace(&value, view);
+    return view;
+  }
+
+  static bool viewIsExact(const Node& node);
+
+  /// Whether `node` makes uninitialized memory (empty and its kin).
+  static bool uninitialized(const Node& node) {
+    const std::string& name = node.op.schema().name();
+    return name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
+           name == "aten::new_empty" || name == "aten::new_empty_strided";
+  }
+  /// Whether the write `node` sets every element of `v` whatever it held: fill_, zero_ or copy_
+  /// of `v` itself, or an out= op writing `v` (`torch.arange` records `empty`, then arange.out).
+  static bool overwrites(const Node& node, const Value& v) {
+    if (node.facts.writes.size() != 1) return false;
+    const int w = node.facts.writes[0];
+    if (static_cast<size_t>(w) >= node.args.size() || valueOf(node.args[w]) != &v) return false;
+    const std::string& name = node.op.schema().name();
+    return name == "aten::fill_" || name == "aten::zero_" || name == "aten::copy_" ||
+           node.schema().arguments()[w].kwarg_only();
+  }
+
+  Storage* const storage_;
+  std::vector<Node*> writers_;  // program order
+  bool ok_ = false;
+  int64_t applying_ = 0;  // the seq of the write being applied
+  int geometry_ = 0;      // view ops being run (viewOf)
+  Value* creator_ = nullptr;
+  at::Tensor root_;
+  std::unordered_map<const Value*, at::Tensor> views_;
+};
+
+bool Replay::writeIsExact(const Node& node) {
+  const OpFacts& facts = node.facts;
+  if (facts.seeded || facts.route == Route::kPython || facts.route == Route::kScalar || deniedName(node.op)) {
+    return false;
+  }
+  // aten's writes only, and none whose result depends on the order duplicate indices are
+  // written in (which of two values lands may differ between the host and the node)
+  static constexpr std::string_view kUnordered[] = {"index_put", "_index_put_impl_", "_unsafe_index_put", "scatter",
+                                                    "put", "index_copy", "masked_scatter"};
+  std::string_view name = node.op.schema().name();
+  if (name.substr(0, 6) != "aten::") return false;
+  name.remove_prefix(6);
+  for (std::string_view unordered : kUnordered) {
+    if (name.substr(0, unordered.size()) == unordered) return false;
+  }
+  return true;
+}
+
+bool Replay::viewIsExact(const Node& node) { return node.writes.empty() && !deniedName(node.op); }
+
+at::Tensor HostEvaluator::of(Value& value) {
+  if (failed_) return {};
+  if (replay_ != nullptr && value.storage.get() == replay_->storage()) {
+    if (dry_run_) return {};
+    return replay_->read(value, *this);
+  }
+  if (value.storage->written) return fail();
+  if (value.host.defined()) return value.host;
+  if (replay_ != nullptr) {
+    auto it = memo_.find(&value);
+    if (it != memo_.end()) return it->second;
+  }
+  Node* node = value.producer;
+  if (node == nullptr) return fail();
+  std::vector<at::Tensor> outs = run(*node);
+  if (failed_ || dry_run_) return {};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Value& v = *node->outputs[i];
+    if (!outs[i].defined() || outs[i].scalar_type() != v.dtype || !small(outs[i])) continue;
+    if (replay_ != nullptr) {
+      memo_[&v] = outs[i];
+    } else {
+      v.host = outs[i];
+    }
+  }
+  if (replay_ != nullptr) {
+    auto it = memo_.find(&value);
+    return it != memo_.end() ? it->second : fail();
+  }
+  if (!value.host.defined()) return fail();
+  return value.host;
+}
+
+std::vector<at::Tensor> HostEvaluator::run(Node& node, bool writes_ok) {
+  if (failed_ || budget_ <= 0 || (!writes_ok && !node.writes.empty())) {
+    fail();
+    return {};
+  }
+  const OpFacts& facts = node.facts;
+  if (!writes_ok && !opIsExact(facts, node.op)) {
+    fail();
+    return {};
+  }
+  for (const ValuePtr& v : node.outputs) {
+    if (!exactDtype(v->dtype)) {
+      fail();
+      return {};
+    }
+  }
+  --budget_;
+  const int64_t outer = reader_;
+  reader_ = node.seq;
+  torch::jit::Stack stack;
+  for (size_t i = 0; i < node.args.size(); ++i) {
+    const c10::IValue& a = node.args[i];
+    if (i < facts.args.size() && facts.args[i] == ArgKind::kTensor && a.isScalar()) {
+      at::Tensor number = c10::scalar_to_tensor(a.toScalar());  // a Python number at a Tensor argument
+      number.unsafeGetTensorImpl()->set_wrapped_number(true);
+      stack.emplace_back(std::move(number));
+    } else {
+      stack.push_back(arg(a));
+    }
+  }
+  reader_ = outer;
+  if (failed_ || dry_run_) return {};
+  try {
+    node.op.callBoxed(stack);
+  } catch (const std::exception&) {
+    fail();  // the node will report its own error
+    return {};
+  }
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue& out : stack) {
+    if (out.isTensor()) {
+      outs.push_back(out.toTensor());
+    } else if (out.isTensorList()) {
+      for (const at::Tensor& t : out.toTensorList()) outs.push_back(t);
+    } else if (!writes_ok) {
+      fail();
+      return {};
+    }
+  }
+  if (!writes_ok && outs.size() != node.outputs.size()) {
+    fail();
+    return {};
+  }
+  return outs;
+}
+
+c10::IValue HostEvaluator::arg(const c10::IValue& a) {
+  if (a.isCapsule()) {
+    Value* v = valueOf(a);
+    if (!exactDtype(v->dtype)) return fail();
+    return of(*v);
+  }
+  if (a.isTensor()) {
+    if (a.toTensor().defined() && !exactDtype(a.toTensor().scalar_type())) return fail();
+    return a;
+  }
+  if (a.isDevice() && a.toDevice().type() != c10::kCPU) return c10::Device(c10::kCPU);
+  if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
+    const auto list = a.toListRef();
+    bool tensors = false;
+    for (const c10::IValue& x : list) tensors = tensors || x.isCapsule() || x.isTensor();
+    if (!tensors) return a;
+    bool optional = false;
+    for (const c10::IValue& x : list) optional = optional || x.isNone();
+    if (optional) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& x : list) out.push_back(x.isNone() ? std::nullopt : std::optional<at::Tensor>(arg(x).toTensor()));
+      return out;
+    }
+    c10::List<at::Tensor> out;
+    for (const c10::IValue& x : list) out.push_back(arg(x).toTensor());
+    return out;
+  }
+  return a;
+}
 
 }  // namespace
 
@@ -154,6 +388,19 @@ at::Tensor hostValue(Value& value) {
   HostEvaluator evaluate(/*dry_run=*/false);
   at::Tensor out = evaluate.of(value);
   return evaluate.failed() ? at::Tensor() : out;
+}
+
+at::Tensor checkedHostValue(Value& value, const Recording& recording) {
+  if (!g_enabled.load(std::memory_order_relaxed) || !exactDtype(value.dtype)) return {};
+  if (!value.storage->written) return hostValue(value);
+  c10::AutoGradMode no_grad(false);
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  Replay replay(*value.storage, recording);
+  HostEvaluator evaluate(/*dry_run=*/false, &replay);
+  if (!replay.apply(value, evaluate)) return {};
+  at::Tensor out = evaluate.of(value);
+  return evaluate.failed() || !out.defined() ? at::Tensor() : out.clone();
 }
 
 bool keepsHostCopy(at::ScalarType dtype, int64_t nbytes) { return exactDtype(dtype) && nbytes <= kHostEvalMaxBytes; }

@@ -20,12 +20,22 @@
 
 namespace genie::frontend {
 
+class Recording;
+
 inline constexpr int64_t kHostEvalMaxBytes = 64 * 1024;  // larger tensors are never kept or computed on the host
 inline constexpr int kHostEvalMaxNodes = 64;              // ops one read may evaluate on the host
 
 /// `value`'s exact contents computed on the host, or an undefined tensor (then the node must
 /// answer). Values computed on the way keep their host copies. Under the process lock.
 at::Tensor hostValue(Value& value);
+/// `value`'s exact contents as of now for eager's value checks at the op (an index out of range,
+/// eager_checks.h checkIndexValues), or an undefined tensor when the host cannot tell: hostValue,
+/// and for a value on a storage that recorded ops wrote (Storage::written), a replay on the host
+/// of the op that made the storage and of every write to it, in program order, when all of
+/// those writes are still pending in `recording` (at most 16) and exact as above, and read
+/// nothing another write changed. The replay keeps nothing: it answers checks, never reads (a
+/// read of a written storage still goes to the node). Under the process lock.
+at::Tensor checkedHostValue(Value& value, const Recording& recording);
 /// Whether a host tensor of `dtype` and `nbytes` may be a value's host copy.
 bool keepsHostCopy(at::ScalarType dtype, int64_t nbytes);
 void setHostEvalEnabled(bool enabled);

@@ -129,6 +129,9 @@ std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
   } else if (name == "aten::scaled_dot_product_attention") {
     facts->cache_role = OpFacts::CacheRole::kAttention;
   }
+  facts->checks_index_values = name == "aten::index.Tensor" || name == "aten::index_put" ||
+                               name == "aten::index_put_" || name == "aten::_index_put_impl_" ||
+                               schema.name() == "aten::index_fill" || schema.name() == "aten::index_fill_";
   const std::string ns = schema.name().substr(0, schema.name().find("::"));
   if (pythonOps().count(name) != 0 || (ns != "aten" && ns != "prims" && ns != "genie")) {
     facts->route = Route::kPython;

@@ -56,6 +56,9 @@ struct OpFacts {
   bool list_return = false;          // returns one Tensor[]
   bool seeded = false;               // tagged nondeterministic_seeded: writes the device's generator
   bool warns = false;                // eager warns about some arguments (eager_checks.h warnsAsEager)
+  /// index.Tensor, index_put(_), _index_put_impl_, index_fill(_): eager's bounds check of the
+  /// indices' values is made at the op when the host knows them (eager_checks.h checkIndexValues).
+  bool checks_index_values = false;
   /// The KV-cache pass's roles (cut.h): ops that append to a cache (cat, index_copy(_),
   /// slice_scatter) and attention (scaled_dot_product_attention), which reads it.
   enum class CacheRole : uint8_t { kNone, kWriter, kAttention } cache_role = CacheRole::kNone;

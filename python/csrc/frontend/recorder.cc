@@ -438,6 +438,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       }
       if (!recordsHere(route, first, n)) return recorded;
       if (facts->warns && !inferred) warnAsEager(*facts, first, n);  // once: a miss walks again
+      if (facts->checks_index_values && !inferred) checkIndexValues(*facts, first, n);  // values: every call
       Walk walk(op, *facts, options);
       if (!walk.run(first, n)) return recorded;
       if (walk.recording == nullptr) walk.recording = factoryRecording(first, n);

@@ -26,7 +26,10 @@ Recording::~Recording() {
 }
 
 void Recording::append(NodePtr node) {
-  for (const StoragePtr& storage : node->writes) storage->written = true;
+  for (const StoragePtr& storage : node->writes) {
+    storage->written = true;
+    ++storage->writes;
+  }
   if (async_chunk > 0) {
     switch (node->facts.cache_role) {
       case OpFacts::CacheRole::kWriter: cache_write_open_ = true; break;
@@ -40,6 +43,7 @@ void Recording::append(NodePtr node) {
 
 bool Recording::dropLast(const Node* node) {
   if (pending_.empty() || pending_.back().get() != node) return false;
+  for (const StoragePtr& storage : node->writes) --storage->writes;
   for (const ValuePtr& v : node->outputs) v->producer = nullptr;
   if (logging && !log.empty() && log.back().get() == node) log.pop_back();
   pending_.pop_back();

@@ -96,6 +96,9 @@ def _t(data, device, **kwargs):
                                                        torch.ones(4, device=d)),
     lambda d: torch.zeros(4, device=d).masked_scatter_(_t([True, True, True, False], d), torch.ones(2, device=d)),
     lambda d: torch.ops.aten._local_scalar_dense(torch.zeros(0, device=d)),
+    lambda d: torch.bucketize(_t([1, 3], d), _t([[1, 2], [3, 4]], d)),  # boundaries of 2 dimensions
+    lambda d: torch.searchsorted(_t([1, 2], d), _t([1, 3], d), side="bad"),
+    lambda d: torch.searchsorted(_t([1., 2.], d), _t([1.], d), sorter=_t([0.], d)),
 ], ids=["index_fill-complex", "index_fill-int32-index", "index_fill-matrix-index", "index_fill-dim",
         "index_fill-1d-value", "clamp-no-bounds", "clamp_-no-bounds", "index-no-indices", "index-float-index",
         "getitem-broadcast", "setitem-broadcast", "index-size-0-dim", "index-mask-shape", "index_put-value-shape",
@@ -106,7 +109,8 @@ def _t(data, device, **kwargs):
         "heaviside-dtypes", "sum-65-dims", "pow-int-negative", "copy_-into-expanded",
         "index_put_-value-aliasing-self", "bernoulli_-expanded",
         "index_add-slice-shapes", "cummax-empty-dim", "masked_scatter_-mask-shape",
-        "masked_scatter_-short-source", "local_scalar_dense-empty"])
+        "masked_scatter_-short-source", "local_scalar_dense-empty", "bucketize-2d-boundaries",
+        "searchsorted-side", "searchsorted-sorter-dtype"])
 def test_error_is_eagers(case):
     assert_raises_as_eager(case)
 
@@ -142,6 +146,25 @@ def test_the_program_goes_on_after_an_error_at_the_op():
     with pytest.raises(RuntimeError):
         x.index_fill_(1, _t([0], DEV), 2j)
     assert x.index_fill_(1, _t([0], DEV), -1.).tolist() == [[-1., 1., 2.], [-1., 4., 5.]]
+
+
+@pytest.mark.parametrize("op", [torch.max, torch.min, torch.median, torch.nanmedian, torch.mode])
+def test_a_reduction_over_an_empty_dimension_raises_at_the_op(op):
+    assert_raises_as_eager(lambda d: op(torch.randn(2, 0, 4).to(d), dim=1))
+
+
+def test_an_in_place_result_that_cannot_be_cast_raises_at_the_op():
+    """Meta kernels skip TensorIterator's check that the result type casts to the written tensor."""
+    def times(d):
+        y = torch.tensor(3, dtype=torch.int32, device=d)
+        y *= torch.tensor(1.5, device=d)
+
+    assert_raises_as_eager(times)
+    assert_raises_as_eager(lambda d: torch.arange(3, device=d).add_(1.5))
+    assert_raises_as_eager(lambda d: torch.ones(2, device=d).mul_(1j))
+    x = torch.tensor(1.5, device=DEV)
+    x *= torch.tensor(3, dtype=torch.int32, device=DEV)  # float *= int: eager's 4.5
+    assert x.item() == 4.5
 
 
 # ---- errors that depend on values the host knows: raised at the op ------------------------------
@@ -419,6 +442,38 @@ def test_host_tensor_indexed_with_device_indices_raises_eagers_rule():
     with pytest.raises(RuntimeError, match=r"indices should be either on cpu or on the same device as the indexed "
                                            r"tensor \(cpu\)"):
         torch.zeros(3, 4)[_t([0, 2], DEV)]
+
+
+def test_non_contiguous_searchsorted_and_bucketize_warn_as_eager():
+    """Eager copies a non-contiguous input, boundary or sorter tensor and says so (once per
+    program; always under _set_warnAlways)."""
+    def warned(d):
+        boundaries = torch.tensor([[1., 4.], [2., 5.], [3., 6.]], device=d).t()[0]  # [1, 2, 3], stride 2
+        values = torch.tensor([[1, 3], [2, 0]], device=d).t()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.searchsorted(boundaries, values)
+            torch.searchsorted(torch.tensor([3., 1., 2.], device=d), torch.tensor([2.], device=d),
+                               sorter=torch.tensor([1, 9, 2, 9, 0, 9], device=d)[::2])
+            torch.bucketize(values, boundaries)
+        return [str(w.message).split(" (Triggered")[0] for w in caught if "non-contiguous" in str(w.message)]
+
+    torch._C._set_warnAlways(True)
+    try:
+        assert len(warned("cpu")) == 5 and warned(DEV) == warned("cpu")
+    finally:
+        torch._C._set_warnAlways(False)
+
+
+def test_an_out_tensor_resized_warns_once_as_eager():
+    """The meta kernel warns as eager does; the CPU probe's own run of the call does not warn again."""
+    def warnings_of(d):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.add(torch.ones(3, device=d), 1, out=torch.empty(2, device=d))
+        return [str(w.message).split(" (Triggered")[0] for w in caught]
+
+    assert len(warnings_of("cpu")) == 1 and warnings_of(DEV) == warnings_of("cpu")
 
 
 def test_complex_half_tensors_warn_as_eager():

@@ -323,6 +323,36 @@ void checkHeaviside(const OpFacts& facts, const torch::jit::Stack& args) {
               "heaviside is not yet implemented for tensors with different dtypes.", where(facts));
 }
 
+// ---- searchsorted/bucketize: aten/src/ATen/native/BucketizationUtils.h's warnings -------------
+
+/// searchsorted(sorted_sequence, self, ..., sorter) and bucketize(self, boundaries, ...): eager
+/// copies a non-contiguous input, boundary or sorter tensor and says so once per program (one
+/// TORCH_WARN_ONCE per kind, shared by both ops as eager's are); the node's kernel warns where
+/// the program cannot see it.
+void warnNonContiguousBuckets(const OpFacts& facts, const torch::jit::Stack& args) {
+  auto strided = [&](size_t i) {
+    return i < args.size() && args[i].isTensor() && args[i].toTensor().defined() && !args[i].toTensor().is_contiguous();
+  };
+  const bool bucketize = facts.name.rfind("aten::bucketize", 0) == 0;
+  const size_t input = bucketize ? 0 : 1;
+  const size_t boundary = bucketize ? 1 : 0;
+  if (strided(input)) {
+    TORCH_WARN_ONCE("torch.searchsorted(): input value tensor is non-contiguous, this will lower the performance due "
+                    "to extra data copy when converting non-contiguous tensor to contiguous, please use contiguous "
+                    "input value tensor if possible. This message will only appear once per program.");
+  }
+  if (strided(boundary)) {
+    TORCH_WARN_ONCE("torch.searchsorted(): boundary tensor is non-contiguous, this will lower the performance due "
+                    "to extra data copy when converting non-contiguous tensor to contiguous, please use contiguous "
+                    "boundary tensor if possible. This message will only appear once per program.");
+  }
+  if (!bucketize && args.size() > 5 && strided(5)) {  // searchsorted's sorter
+    TORCH_WARN_ONCE("torch.searchsorted(): sorter tensor is non-contiguous, this will lower the performance due "
+                    "to extra data copy when converting non-contiguous tensor to contiguous, please use contiguous "
+                    "sorter tensor if possible. This message will only appear once per program.");
+  }
+}
+
 // ---- std/var: aten/src/ATen/native/ReduceOps.cpp std_var_out's warning ----------------------
 
 /// std, var, std_mean, var_mean (.default, .dim, .correction): eager warns when the degrees of
@@ -517,11 +547,17 @@ struct KeepCpuGenerator {
   at::Tensor state;
 };
 
+/// Drops the warnings of a probe run that is not the call's word (the meta kernel's stands).
+struct DiscardWarnings final : c10::WarningHandler {
+  void process(const c10::Warning& /*warning*/) override {}
+};
+
 /// One run of `op` on CPU tensors filled with `fill`: the c10::Error it raised, or null (it ran,
 /// or failed in a way that says nothing of eager's error: too large, not implemented on the CPU).
-/// `results`, if given, receives what the run returned when it ran.
+/// Its warnings reach the program only with `warn`. `results`, if given, receives what the run
+/// returned when it ran.
 std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::Stack& args, double fill,
-                             bool cpu_kernels, torch::jit::Stack* results) {
+                             bool cpu_kernels, bool warn, torch::jit::Stack* results) {
   try {
     ProbeTensors tensors(args, fill);
     torch::jit::Stack stack;
@@ -531,6 +567,9 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::impl::ExcludeDispatchKeyGuard no_python(
           c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      DiscardWarnings discard;
+      std::optional<c10::WarningUtils::WarningHandlerGuard> quiet;
+      if (!warn) quiet.emplace(&discard);
       op.callBoxed(stack);
       if (results != nullptr) *results = std::move(stack);
     } catch (const c10::Error& e) {
@@ -551,15 +590,16 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
 /// Eager's error for the call when the CPU raises one whatever the values: the same exception
 /// class and message with tensors of zeros and of ones (an error that depends on the values, an
 /// index out of range or an integer division by zero, differs between the two and is left to
-/// the node). Null when there is none. `results`: as probeOnce's, of the run with zeros.
+/// the node). Null when there is none. `results`: as probeOnce's, of the run with zeros; `warn`:
+/// whether that run's warnings are the call's (an out= call: probesOut).
 std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args,
-                              torch::jit::Stack* results) {
+                              torch::jit::Stack* results, bool warn = false) {
   if (!probeable(facts, args)) return nullptr;
   KeepCpuGenerator keep(facts.seeded);
   const bool cpu_kernels = onCpuKernels(args);
-  std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels, results);
+  std::exception_ptr zeros = probeOnce(op, args, 0.0, cpu_kernels, warn, results);
   if (!zeros) return nullptr;
-  std::exception_ptr ones = probeOnce(op, args, 1.0, cpu_kernels, nullptr);
+  std::exception_ptr ones = probeOnce(op, args, 1.0, cpu_kernels, /*warn=*/false, nullptr);
   if (!ones) return nullptr;
   auto describe = [](const std::exception_ptr& e) -> std::pair<const std::type_info*, std::string> {
     try {
@@ -610,11 +650,12 @@ const std::unordered_map<std::string, Check>& checks() {
 }  // namespace
 
 /// Ops whose eager checks the meta kernels miss in many forms (index_add's slice shapes,
-/// cummax's dimension of an empty tensor): always probed on a plan-cache miss.
+/// cummax's dimension of an empty tensor, bucketize's boundaries of 2 dimensions,
+/// searchsorted's `side` and sorter): always probed on a plan-cache miss.
 bool alwaysProbed(const std::string& name) {
   static const auto* names = new std::unordered_set<std::string>{
       "aten::index_add", "aten::index_add_", "aten::index_copy", "aten::index_copy_", "aten::index_reduce",
-      "aten::index_reduce_", "aten::cummax", "aten::cummin"};
+      "aten::index_reduce_", "aten::cummax", "aten::cummin", "aten::searchsorted", "aten::bucketize"};
   return names->count(name) != 0;
 }
 
@@ -631,16 +672,25 @@ void raiseAsEager(const c10::OperatorHandle& op, const OpFacts& facts, const tor
   if (std::exception_ptr error = eagerError(op, facts, args, nullptr)) raiseEager(error, facts);
 }
 
-std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
-                                        const torch::jit::Stack& args) {
+bool writesOut(const c10::OperatorHandle& op, const OpFacts& facts) {
   const auto& schema = op.schema().arguments();
   for (int w : facts.writes) {
-    if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) {  // out=
-      torch::jit::Stack results;
-      if (std::exception_ptr error = eagerError(op, facts, args, &results)) raiseEager(error, facts);
-      if (results.empty()) return std::nullopt;
-      return shapesOfResults(results);
-    }
+    if (w < static_cast<int>(schema.size()) && schema[w].kwarg_only()) return true;
+  }
+  return false;
+}
+
+bool probesOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  return writesOut(op, facts) && probeable(facts, args) && ProbeTensors::fits(args);
+}
+
+std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args) {
+  if (writesOut(op, facts)) {
+    torch::jit::Stack results;
+    if (std::exception_ptr error = eagerError(op, facts, args, &results, /*warn=*/true)) raiseEager(error, facts);
+    if (results.empty()) return std::nullopt;
+    return shapesOfResults(results);
   }
   // A written tensor that overlaps itself (an expanded tensor) or another argument: eager's
   // memory-overlap checks (TensorIterator's, index_put's, ...) raise or not, op by op.
@@ -654,8 +704,12 @@ std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpF
     if (at::has_internal_overlap(t) == at::MemOverlap::Yes) unusual = true;
     if (n_written < 4) written[n_written++] = t.storage().unsafeGetStorageImpl();
   }
+  // Complex tensors, more than 64 dimensions, and empty tensors (eager's kernels check empty
+  // inputs in ways the meta kernels miss: `max(x, dim)` over an empty dimension; the probe of
+  // an empty tensor costs no memory).
   auto visit = [&](const at::Tensor& t) {
-    unusual = unusual || (t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64));
+    unusual = unusual || (t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64 ||
+                                          (t.numel() == 0 && isLazy(t))));
   };
   int on_written = 0;  // tensor arguments on a written storage (the written ones included)
   auto count = [&](const at::Tensor& t) {
@@ -870,12 +924,15 @@ Shapes quantizedShapes(const c10::OperatorHandle& op, const OpFacts& facts, cons
 
 bool warnsAsEager(const std::string& name) {
   return name == "aten::std" || name == "aten::var" || name == "aten::std_mean" || name == "aten::var_mean" ||
-         name == "aten::put" || name == "aten::put_";
+         name == "aten::put" || name == "aten::put_" || name == "aten::searchsorted" || name == "aten::bucketize";
 }
 
 void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n) {
   const torch::jit::Stack args(first, first + n);
   if (facts.name.rfind("aten::put", 0) == 0) return checkPut(facts, args);
+  if (facts.name.rfind("aten::searchsorted", 0) == 0 || facts.name.rfind("aten::bucketize", 0) == 0) {
+    return warnNonContiguousBuckets(facts, args);
+  }
   warnDegreesOfFreedom(facts, args);
 }
 

@@ -67,15 +67,17 @@ void checkIndexValues(const OpFacts& facts, const c10::IValue* first, size_t n);
 /// Whether eager's kernel of the operator `name` ("aten::std", without the overload) warns about
 /// its arguments where the meta kernel does not: std, var, std_mean and var_mean with no degrees
 /// of freedom left; put and put_ without accumulate under torch.use_deterministic_algorithms (its
-/// nondeterminism alert: an error, or a warning with warn_only). OpFacts::warns.
+/// nondeterminism alert: an error, or a warning with warn_only); searchsorted and bucketize of a
+/// non-contiguous tensor (eager's copy, said once per program). OpFacts::warns.
 bool warnsAsEager(const std::string& name);
 /// Eager's warning for the call, if it warns (TORCH_WARN: a Python UserWarning at the call).
 /// Runs on every call of an op whose facts say `warns`, plan-cache hits included: eager warns
 /// each time.
 void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 
-/// For an out= call (a keyword-only argument it writes), or a call with a complex tensor or one
-/// of more than 64 dimensions: raiseAsEager. Those are rare in what the device runs, and Python
+/// For an out= call (a keyword-only argument it writes), or a call with a complex tensor, one of
+/// more than 64 dimensions or an empty one (`torch.max(x, dim)` over an empty dimension raises
+/// IndexError in eager's kernel, not in the meta kernel): raiseAsEager. Those are rare in what the device runs, and Python
 /// meta kernels accept many such calls that eager's kernels refuse (`torch.maximum` of complex
 /// tensors raises TypeError, `torch.heaviside` NotImplementedError; a reduction over a tensor of
 /// 65 dimensions "only tensors with up to 64 dims are supported"). Python meta kernels
@@ -94,6 +96,12 @@ void warnAsEager(const OpFacts& facts, const c10::IValue* first, size_t n);
 /// node's. Nothing otherwise.
 std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
                                         const torch::jit::Stack& args);
+
+/// Whether the call writes a keyword-only (out=) argument.
+bool writesOut(const c10::OperatorHandle& op, const OpFacts& facts);
+/// Whether checkUnusualOnCpu runs the CPU probe for this out= call: then the probe's warnings are
+/// the call's, as eager's kernel words them (metaShapes drops the meta kernel's).
+bool probesOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 /// Whether the call involves quantized tensors: a quantized tensor among its arguments, a
 /// quantized dtype argument (`quantize_per_tensor`, a factory such as `_empty_affine_quantized`),

@@ -18,6 +18,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "frontend/eager_checks.h"
 #include "frontend/ir.h"
 #include "frontend/lazy_tensor.h"
 #include "frontend/op_facts.h"
@@ -314,9 +315,48 @@ std::optional<Shapes> ruleShapes(const c10::OperatorHandle& op, const OpFacts& f
   return std::nullopt;
 }
 
+namespace {
+
+/// Drops the warnings of one call, C++ (TORCH_WARN) and Python (`warnings.warn` in a Python meta
+/// kernel), while it lives.
+class QuietWarnings {
+ public:
+  QuietWarnings() : guard_(&discard_) {
+    pybind11::gil_scoped_acquire gil;
+    pybind11::module_ warnings = pybind11::module_::import("warnings");
+    catcher_ = warnings.attr("catch_warnings")();
+    catcher_.attr("__enter__")();
+    warnings.attr("simplefilter")("ignore");
+  }
+  ~QuietWarnings() {
+    pybind11::gil_scoped_acquire gil;
+    try {
+      catcher_.attr("__exit__")(pybind11::none(), pybind11::none(), pybind11::none());
+    } catch (const std::exception&) {
+    }
+    catcher_ = pybind11::object();
+  }
+  QuietWarnings(const QuietWarnings&) = delete;
+  QuietWarnings& operator=(const QuietWarnings&) = delete;
+
+ private:
+  struct Discard final : c10::WarningHandler {
+    void process(const c10::Warning& /*warning*/) override {}
+  } discard_;
+  c10::WarningUtils::WarningHandlerGuard guard_;
+  pybind11::object catcher_;
+};
+
+}  // namespace
+
 Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   Shapes shapes;
   if (facts.returns.empty()) return shapes;  // `-> ()`: nothing to infer (aten::_fused_sgd_ has no meta kernel)
+  // An out= call the CPU probe runs warns as eager's kernel does from the probe
+  // (eager_checks.h probesOut), not from the meta kernel: Python meta kernels word the resize
+  // warning otherwise ("... the required output shape {str(shape)}").
+  std::optional<QuietWarnings> quiet;
+  if (probesOut(op, facts, args)) quiet.emplace();
   torch::jit::Stack stack;
   stack.reserve(args.size());
   for (const c10::IValue& arg : args) stack.push_back(metaArg(arg));

@@ -102,7 +102,8 @@ SETTINGS: tuple[Setting, ...] = (
             "0 for a CPU node on loopback (it computes on the cores the program records on), else 256"),
     Setting("GENIE_HOST_EVAL", "flag", "1",
             "answer a read of a small integer/bool value computed only from small integer uploads on the host "
-            "(docs/frontend.md 'Host evaluation'); 0 sends every read to the node"),
+            "(docs/frontend.md 'Host evaluation') and check index values known on the host at the op "
+            "('Index values known on the host'); 0 sends every read and every index check to the node"),
     Setting("GENIE_PROGRESS", "flag", "1",
             "progress bars (tqdm, on standard error when it is a terminal) for transfers that take over a second: "
             "module.to(device) / module.cpu() and reads of one tensor of 64 MiB or more, which then go in 16 MiB "

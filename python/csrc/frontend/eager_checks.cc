@@ -3,11 +3,13 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <c10/util/safe_numerics.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/quantized/Quantizer.h>
 #include <ATen/ops/index.h>
@@ -845,6 +847,16 @@ void checkIndexValues(const OpFacts& facts, const c10::IValue* first, size_t n) 
     device_index = device_index || isLazy(index);
   }
   if (!device_index) return;
+  std::vector<int64_t> shape;  // the indices broadcast: the stand-in's result has as many bytes
+  for (const std::optional<at::Tensor>& index : indices) {
+    if (!index) continue;
+    try {
+      shape = shape.empty() ? index->sizes().vec() : at::infer_size(shape, index->sizes());
+    } catch (const std::exception&) {
+      return;  // indices that do not broadcast: the recorder's checks raise eager's error
+    }
+  }
+  if (c10::multiply_integers(shape) > (int64_t{1} << 24)) return;
   raiseIndexError(facts, [&] { at::index(at::zeros({}, at::TensorOptions().dtype(at::kByte)).expand(sizes), indices); });
 }
 

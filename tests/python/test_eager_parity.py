@@ -465,12 +465,17 @@ def test_non_contiguous_searchsorted_and_bucketize_warn_as_eager():
         torch._C._set_warnAlways(False)
 
 
-def test_an_out_tensor_resized_warns_once_as_eager():
-    """The meta kernel warns as eager does; the CPU probe's own run of the call does not warn again."""
+@pytest.mark.parametrize("call", [
+    lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(2, device=d)),  # out= resized
+    lambda d: torch.rand(1, device=d).expand(6).index_fill_(0, _t([2, 1, 0], d), 1.0),  # expanded
+], ids=["out-resized", "index_fill_-expanded"])
+def test_a_probed_call_warns_once_as_eager(call):
+    """A call the CPU probe runs after its meta kernel warns with eager's kernel's words, once (a
+    Python meta kernel words the out= resize warning otherwise; none warns for index_fill_)."""
     def warnings_of(d):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            torch.add(torch.ones(3, device=d), 1, out=torch.empty(2, device=d))
+            call(d)
         return [str(w.message).split(" (Triggered")[0] for w in caught]
 
     assert len(warnings_of("cpu")) == 1 and warnings_of(DEV) == warnings_of("cpu")

@@ -593,7 +593,7 @@ std::exception_ptr probeOnce(const c10::OperatorHandle& op, const torch::jit::St
 /// class and message with tensors of zeros and of ones (an error that depends on the values, an
 /// index out of range or an integer division by zero, differs between the two and is left to
 /// the node). Null when there is none. `results`: as probeOnce's, of the run with zeros; `warn`:
-/// whether that run's warnings are the call's (an out= call: probesOut).
+/// whether that run's warnings are the call's (probesAfterMeta).
 std::exception_ptr eagerError(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args,
                               torch::jit::Stack* results, bool warn = false) {
   if (!probeable(facts, args)) return nullptr;
@@ -682,37 +682,21 @@ bool writesOut(const c10::OperatorHandle& op, const OpFacts& facts) {
   return false;
 }
 
-bool probesOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
-  return writesOut(op, facts) && probeable(facts, args) && ProbeTensors::fits(args);
-}
+namespace {
 
-std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
-                                        const torch::jit::Stack& args) {
-  if (writesOut(op, facts)) {
-    torch::jit::Stack results;
-    if (std::exception_ptr error = eagerError(op, facts, args, &results, /*warn=*/true)) raiseEager(error, facts);
-    if (results.empty()) return std::nullopt;
-    return shapesOfResults(results);
-  }
+/// Whether a call that is no out= call is unusual enough for the CPU probe (checkUnusualOnCpu).
+bool unusualCall(const OpFacts& facts, const torch::jit::Stack& args) {
   // A written tensor that overlaps itself (an expanded tensor) or another argument: eager's
   // memory-overlap checks (TensorIterator's, index_put's, ...) raise or not, op by op.
   const c10::StorageImpl* written[4] = {};
   size_t n_written = 0;
-  bool unusual = false;
   for (int w : facts.writes) {
     if (w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
     const at::Tensor& t = args[w].toTensor();
     if (!t.defined() || !isLazy(t)) continue;
-    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) unusual = true;
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) return true;
     if (n_written < 4) written[n_written++] = t.storage().unsafeGetStorageImpl();
   }
-  // Complex tensors, more than 64 dimensions, and empty tensors (eager's kernels check empty
-  // inputs in ways the meta kernels miss: `max(x, dim)` over an empty dimension; the probe of
-  // an empty tensor costs no memory).
-  auto visit = [&](const at::Tensor& t) {
-    unusual = unusual || (t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64 ||
-                                          (t.numel() == 0 && isLazy(t))));
-  };
   int on_written = 0;  // tensor arguments on a written storage (the written ones included)
   auto count = [&](const at::Tensor& t) {
     if (n_written == 0 || !t.defined() || !isLazy(t)) return;
@@ -727,29 +711,56 @@ std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpF
       }
     }
   }
-  if (on_written > static_cast<int>(n_written)) unusual = true;
+  if (on_written > static_cast<int>(n_written)) return true;
   // An in-place op with an argument of another dtype: the meta kernels skip TensorIterator's
   // check that the result type casts to the written tensor (`int_tensor *= float_tensor`:
   // "result type Float can't be cast to the desired output type Int").
   for (int w : facts.writes) {
-    if (unusual || w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
+    if (w >= static_cast<int>(args.size()) || !args[w].isTensor()) continue;
     const at::Tensor& t = args[w].toTensor();
     if (!t.defined() || !isLazy(t)) continue;
     for (const c10::IValue& x : args) {
-      if (x.isTensor() && x.toTensor().defined() && x.toTensor().scalar_type() != t.scalar_type()) unusual = true;
+      if (x.isTensor() && x.toTensor().defined() && x.toTensor().scalar_type() != t.scalar_type()) return true;
       if ((x.isDouble() && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) ||
           (x.isComplexDouble() && !at::isComplexType(t.scalar_type()))) {
-        unusual = true;
+        return true;
       }
     }
   }
+  // Complex tensors, more than 64 dimensions, and empty tensors (eager's kernels check empty
+  // inputs in ways the meta kernels miss: `max(x, dim)` over an empty dimension; the probe of
+  // an empty tensor costs no memory).
+  auto odd = [](const at::Tensor& t) {
+    return t.defined() && (at::isComplexType(t.scalar_type()) || t.dim() > 64 || (t.numel() == 0 && isLazy(t)));
+  };
   for (const c10::IValue& x : args) {
-    if (x.isTensor()) visit(x.toTensor());
+    if (x.isTensor() && odd(x.toTensor())) return true;
     if (x.isTensorList()) {
-      for (const at::Tensor& t : x.toTensorList()) visit(t);
+      for (const at::Tensor& t : x.toTensorList()) {
+        if (odd(t)) return true;
+      }
     }
   }
-  if (unusual) raiseAsEager(op, facts, args);
+  return false;
+}
+
+}  // namespace
+
+bool probesAfterMeta(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
+  return (writesOut(op, facts) || unusualCall(facts, args)) && probeable(facts, args) && ProbeTensors::fits(args);
+}
+
+std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpFacts& facts,
+                                        const torch::jit::Stack& args) {
+  if (writesOut(op, facts)) {
+    torch::jit::Stack results;
+    if (std::exception_ptr error = eagerError(op, facts, args, &results, /*warn=*/true)) raiseEager(error, facts);
+    if (results.empty()) return std::nullopt;
+    return shapesOfResults(results);
+  }
+  if (unusualCall(facts, args)) {
+    if (std::exception_ptr error = eagerError(op, facts, args, nullptr, /*warn=*/true)) raiseEager(error, facts);
+  }
   return std::nullopt;
 }
 

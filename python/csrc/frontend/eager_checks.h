@@ -99,9 +99,10 @@ std::optional<Shapes> checkUnusualOnCpu(const c10::OperatorHandle& op, const OpF
 
 /// Whether the call writes a keyword-only (out=) argument.
 bool writesOut(const c10::OperatorHandle& op, const OpFacts& facts);
-/// Whether checkUnusualOnCpu runs the CPU probe for this out= call: then the probe's warnings are
-/// the call's, as eager's kernel words them (metaShapes drops the meta kernel's).
-bool probesOut(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
+/// Whether checkUnusualOnCpu runs the CPU probe for this call: then the probe's warnings are the
+/// call's, as eager's kernel words them (`index_fill_` of an expanded tensor; an out= tensor
+/// resized), and metaShapes drops the meta kernel's.
+bool probesAfterMeta(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 
 /// Whether the call involves quantized tensors: a quantized tensor among its arguments, a
 /// quantized dtype argument (`quantize_per_tensor`, a factory such as `_empty_affine_quantized`),

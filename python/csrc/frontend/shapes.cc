@@ -352,11 +352,11 @@ class QuietWarnings {
 Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args) {
   Shapes shapes;
   if (facts.returns.empty()) return shapes;  // `-> ()`: nothing to infer (aten::_fused_sgd_ has no meta kernel)
-  // An out= call the CPU probe runs warns as eager's kernel does from the probe
-  // (eager_checks.h probesOut), not from the meta kernel: Python meta kernels word the resize
-  // warning otherwise ("... the required output shape {str(shape)}").
+  // A call the CPU probe runs after this warns as eager's kernel does from the probe
+  // (eager_checks.h probesAfterMeta), not from the meta kernel: Python meta kernels word the
+  // resize warning of an out= call otherwise ("... the required output shape {str(shape)}").
   std::optional<QuietWarnings> quiet;
-  if (probesOut(op, facts, args)) quiet.emplace();
+  if (probesAfterMeta(op, facts, args)) quiet.emplace();
   torch::jit::Stack stack;
   stack.reserve(args.size());
   for (const c10::IValue& arg : args) stack.push_back(metaArg(arg));

@@ -82,8 +82,8 @@ int64_t storageElements(const at::Tensor& t);
 /// the recorder got them), or nothing when no rule covers them.
 std::optional<Shapes> ruleShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 /// The outputs of `op` on meta tensors shaped like `args`. Throws what the meta kernel throws
-/// (PyTorch's error for invalid arguments), NeedsNode as above. An out= call's warnings are
-/// dropped: its CPU probe gives eager's (eager_checks.h checkUnusualOnCpu).
+/// (PyTorch's error for invalid arguments), NeedsNode as above. The warnings of a call the CPU
+/// probe runs next are dropped: the probe gives eager's (eager_checks.h probesAfterMeta).
 Shapes metaShapes(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& args);
 /// The descriptors of what a call returned (`results`: its stack after the call, any device).
 Shapes shapesOfResults(const torch::jit::Stack& results);

@@ -25,7 +25,13 @@ if [ ! -f build-asan/build.ninja ]; then
 fi
 cmake --build build-asan -j "$(nproc)" --target wire_codec_test units_test transport_conformance_test \
   bench_smoke_test transport_peer
-UBSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-asan --output-on-failure --timeout 300 -R "Wire|Parse|Ucx"
+# A test that fails runs once more (only here): UCX 1.13.1 may abort in ucs_async_poll_missed
+# ("Assertion `handler->async == async' failed") when one worker's missed event finds a handler
+# another worker in the process re-registered on the same fd, which the transport tests' client
+# and server workers do; UCX fixed it after 1.13 (openucx/ucx#9942), and build/ (1.22) runs
+# every test once.
+UBSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-asan --output-on-failure --timeout 300 -R "Wire|Parse|Ucx" \
+  --repeat until-pass:2
 
 echo "== The CUDA build (GENIE_WITH_CUDA=ON, build-gpu/) and the GPU tests, which skip without a GPU"
 tools/gpu-check.sh --no-gpu

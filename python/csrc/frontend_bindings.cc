@@ -223,7 +223,7 @@ void bindFrontend(py::module_& m) {
       .def(py::init([] { return c10::make_intrusive<Storage>(); }))
       .def_property_readonly("live", [](const Storage& s) { return s.live.load(); },
                              "LazyTensors whose current value is on this storage.")
-      .def_property_readonly("written", [](const Storage& s) { return s.written; },
+      .def_property_readonly("written", [](const Storage& s) { return s.written(); },
                              "A recorded op writes it (then no value on it has a host copy).")
       .def("__hash__", [](const Storage& s) { return reinterpret_cast<uintptr_t>(&s); })
       .def("__eq__", [](const Storage& a, py::object b) {

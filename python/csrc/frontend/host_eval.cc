@@ -262,7 +262,7 @@ at::Tensor HostEvaluator::of(Value& value) {
     if (dry_run_) return {};
     return replay_->read(value, *this);
   }
-  if (value.storage->written) return fail();
+  if (value.storage->written()) return fail();
   if (value.host.defined()) return value.host;
   if (replay_ != nullptr) {
     auto it = memo_.find(&value);
@@ -392,7 +392,7 @@ at::Tensor hostValue(Value& value) {
 
 at::Tensor checkedHostValue(Value& value, const Recording& recording) {
   if (!g_enabled.load(std::memory_order_relaxed) || !exactDtype(value.dtype)) return {};
-  if (!value.storage->written) return hostValue(value);
+  if (!value.storage->written()) return hostValue(value);
   c10::AutoGradMode no_grad(false);
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));

@@ -46,9 +46,10 @@ enum Residency : uint8_t { kActivation = 0, kWeight = 1, kKvCache = 2, kGradient
 /// Values that alias one memory region.
 struct Storage final : c10::intrusive_ptr_target {
   std::atomic<int64_t> live{0};  // LazyTensors whose current value is on this storage
-  bool written = false;          // a recorded op writes it: no value on it has a host copy again
   uint32_t writes = 0;           // recorded ops that write it (Recording::append; dropLast counts one back)
   uint32_t read_epoch = 0;       // scratch of liveNodes (cut.h): read by a kept node in that pass
+  /// A recorded op writes it: no value on it has a host copy again.
+  bool written() const { return writes > 0; }
 };
 
 /// One tensor value (see the top of this file).

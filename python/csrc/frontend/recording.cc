@@ -26,10 +26,7 @@ Recording::~Recording() {
 }
 
 void Recording::append(NodePtr node) {
-  for (const StoragePtr& storage : node->writes) {
-    storage->written = true;
-    ++storage->writes;
-  }
+  for (const StoragePtr& storage : node->writes) ++storage->writes;
   if (async_chunk > 0) {
     switch (node->facts.cache_role) {
       case OpFacts::CacheRole::kWriter: cache_write_open_ = true; break;

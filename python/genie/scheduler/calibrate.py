@@ -72,25 +72,35 @@ def calibrate_node(device="cpu", *, sync: Callable | None = None, matmul_n: int 
     return flops, bandwidth
 
 
+_CLEAR = 0.25  # how much longer than one run a chain's best time must be for its slope to count
+
+
 def _rate(run: Callable[[int], None], work: float, chain: int, repeats: int, clock, rounds: int = 4,
           longer: int = 2) -> float:
     """Work per second from the slope between chains of 1 and `chain` runs (best times).
-    A noisy machine can make the longer chain's best time no longer than the short one's (small
-    work against a round trip's jitter): then up to `rounds` rounds of `repeats` more timings
-    each are taken, keeping the best, and then, `longer` times, the same with a chain 4 times
-    longer. Only a chain that never takes longer than one, however long, raises."""
+    The slope is taken once the longer chain's best time exceeds the short one's by more than
+    `_CLEAR` of it: a difference within a round trip's jitter (small work, a noisy machine)
+    would give any rate, up to absurd ones. Until then, up to `rounds` rounds of `repeats` more
+    timings each are taken, keeping the best, and then, `longer` times, the same with a chain 4
+    times longer. The last chain's slope is returned if it is longer at all; only a chain that
+    never takes longer than one, however long, raises."""
     run(1)  # warm-up: allocation, first-call costs, a lazy graph's registration
     one = float("inf")
-    for _ in range(longer + 1):
+    for attempt in range(longer + 1):
         many = float("inf")
+        run(chain)  # warm-up of this chain length (a lazy device registers its graph)
         for _ in range(rounds):
             one = min(one, _best(lambda: run(1), repeats, clock))
             many = min(many, _best(lambda: run(chain), repeats, clock))
-            if many > one:
+            if many > one * (1 + _CLEAR):
                 return work * (chain - 1) / (many - one)
-        chain *= 4
-    raise RuntimeError(f"a chain of {chain // 4} took {many:.3g} s, not longer than one ({one:.3g} s), in "
+        if attempt < longer:
+            chain *= 4
+    if many > one:
+        return work * (chain - 1) / (many - one)
+    raise RuntimeError(f"a chain of {chain} took {many:.3g} s, not longer than one ({one:.3g} s), in "
                        f"{rounds * repeats} timings of each: does sync wait for the work?")
+
 
 
 def _best(fn: Callable[[], None], repeats: int, clock) -> float:

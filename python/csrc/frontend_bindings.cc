@@ -19,6 +19,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -351,6 +352,15 @@ Values), `writes` (the Storages it mutates), `seq` (program order). Immutable.)d
         return py::tuple(out);
       }, "The weight handles its graph binds itself.")
       .def_property_readonly("nodes", [](const Cut& c) { return c.nodes; }, "The nodes that run, in order.")
+      .def_property_readonly("needs_kv_analysis", [](const Cut& c) { return !c.prepared.kv_cache.has_value(); },
+                             "Its structure's KV-cache values are not known yet (Recording.set_kv_cache).")
+      .def("value_id", [](const Cut& c, const ValuePtr& v) -> py::object {
+        try {
+          return py::int_(c.lowered.idOf(v.get()));
+        } catch (const c10::Error&) {
+          return py::none();
+        }
+      }, "The wire value id of `value` in this cut's graph (an input or a node's output), or None.")
       .def_property_readonly("num_inputs", [](const Cut& c) { return c.lowered.inputs.size(); });
 
   py::class_<Recording, RecordingPtr>(m, "Recording", R"doc(One device's pending graph and the books of its
@@ -452,6 +462,14 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
          "why the part cannot stand alone (an output aliases an input, an op writes an input before since_seq or also "
          "another tensor, a value read is neither an input nor made by the part). The ops stay pending. `name`: the "
          "Graph's name (genie.compile: the compile mode).")
+      .def("set_kv_cache", [](Recording& r, Cut& cut, std::vector<uint32_t> value_ids) {
+        std::sort(value_ids.begin(), value_ids.end());
+        r.graphs().rememberKvCache(cut.lowered, value_ids);
+        cut.prepared.kv_cache = value_ids;
+        frontend::markKvCache(cut, value_ids);
+      }, py::arg("cut"), py::arg("value_ids"),
+           "The KV-cache values of the cut's structure (wire value ids, genie.semantics' KV-cache pattern): "
+           "their output specs get residency StatefulKvCache, here and in every later cut of that structure.")
       .def("registered", [](Recording& r, Cut& cut, py::bytes graph_id) {
         cut.prepared.graph_id = idOf<wire::GraphId>(graph_id, "registered");
         r.graphs().remember(cut.lowered, cut.prepared.lifted, *cut.prepared.graph_id);

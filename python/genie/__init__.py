@@ -13,12 +13,30 @@ loopback. See docs/architecture.md.
 from __future__ import annotations
 
 from . import device as _device
+from . import runtime as _runtime
 from .api import (DeviceProperties, capture, client_stats, device_count, get_device, get_graph, init,
                   memory_stats, shutdown, synchronize)
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
 from .lazy import LazyTensor
 
 _device.register()
+
+
+def _kv_cache_ids(cut, outputs) -> list[int]:
+    """The KV caches of a graph structure's first cut (genie.runtime.set_kv_cache_analysis). An
+    analysis that fails marks nothing, with a warning: residency is an annotation, never a
+    reason for the program to fail."""
+    from .semantics.recorded import kv_cache_ids  # not at import: loaded by the first new graph
+    try:
+        return kv_cache_ids(cut, outputs)
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        import warnings
+        warnings.warn(f"genie: the KV-cache analysis of a graph failed ({type(error).__name__}: {error}); "
+                      "its values keep residency EphemeralActivation", RuntimeWarning, stacklevel=2)
+        return []
+
+
+_runtime.set_kv_cache_analysis(_kv_cache_ids)
 
 
 def compile_stats() -> dict:

@@ -60,6 +60,28 @@ def test_gpt2_generate_shows_prefill_then_decode_with_a_kv_cache_and_attention_i
     assert set(report.schedule.placement.values()) == {"remote_accelerator:0"}
 
 
+def _kv_bytes() -> int:
+    return genie.memory_stats(DEV)["resident"].get("StatefulKvCache", 0)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@torch.no_grad()
+def test_the_kv_caches_a_program_keeps_are_resident_as_kv_caches_on_the_node(cache):
+    # The KV-cache pattern marks them on the wire (residency StatefulKvCache): the node counts
+    # exactly the bytes of the caches generate() returns under that class, nothing else.
+    model = _gpt2().to(DEV)
+    before = _kv_bytes()
+    out = model.generate(PROMPT.to(DEV), attention_mask=torch.ones_like(PROMPT).to(DEV), max_new_tokens=4,
+                         do_sample=False, eos_token_id=None, pad_token_id=0, return_dict_in_generate=True,
+                         cache_implementation=None if cache == "dynamic" else "static")
+    layers = out.past_key_values.layers
+    assert len(layers) == N_LAYER
+    expected = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
+    assert expected > 0 and _kv_bytes() - before == expected
+    del out, layers
+    assert _kv_bytes() == before  # freed with the caches
+
+
 def test_the_connected_cluster_is_measured():
     from genie.scheduler import connected_cluster
     cluster = connected_cluster()

@@ -70,26 +70,6 @@ std::vector<NodePtr> liveNodes(const std::vector<NodePtr>& pending, const std::v
   return keep;
 }
 
-// ---- 2. the KV-cache pass -------------------------------------------------------------------
-
-void annotateKvCache(const std::vector<NodePtr>& nodes) {
-  for (const NodePtr& node : nodes) {
-    if (node->facts.cache_role != OpFacts::CacheRole::kAttention || node->args.size() < 3) continue;
-    for (size_t a = 1; a <= 2; ++a) {  // key, value
-      Value* v = valueOf(node->args[a]);
-      for (int hop = 0; hop < 8 && v != nullptr && v->producer != nullptr; ++hop) {
-        const Node& producer = *v->producer;
-        if (producer.facts.cache_role == OpFacts::CacheRole::kWriter) {
-          v->residency = kKvCache;
-          break;
-        }
-        if (producer.inputs().size() != 1) break;  // seen through single-input views only
-        v = producer.inputs()[0];
-      }
-    }
-  }
-}
-
 // ---- 3. lowering ----------------------------------------------------------------------------
 
 namespace {
@@ -583,7 +563,14 @@ GraphCache::Prepared GraphCache::prepare(const Lowered& lowered) {
   }
   auto found = family.ids.find(p.lifted);
   if (found != family.ids.end()) p.graph_id = found->second;
+  p.kv_cache = family.kv_cache;
   return p;
+}
+
+void GraphCache::rememberKvCache(const Lowered& lowered, std::vector<uint32_t> value_ids) {
+  std::sort(value_ids.begin(), value_ids.end());
+  value_ids.erase(std::unique(value_ids.begin(), value_ids.end()), value_ids.end());
+  familyOf(lowered).kv_cache = std::move(value_ids);
 }
 
 void GraphCache::remember(const Lowered& lowered, const std::vector<uint32_t>& lifted, const wire::GraphId& graph_id) {
@@ -633,7 +620,6 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
     for (const ValuePtr& v : returned) {
       if (!v->pending()) extra.push_back(v);
     }
-    annotateKvCache(cut.nodes);
     cut.lowered = lower(cut.nodes, extra);
     cut.prepared = recording.graphs().prepare(cut.lowered);
   } catch (...) {
@@ -664,7 +650,15 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
       }
     }
   }
+  if (cut.prepared.kv_cache) markKvCache(cut, *cut.prepared.kv_cache);
   return cut;
+}
+
+void markKvCache(Cut& cut, const std::vector<uint32_t>& value_ids) {
+  if (value_ids.empty()) return;
+  for (OutputRow& row : cut.specs) {
+    if (std::binary_search(value_ids.begin(), value_ids.end(), row.value_id)) row.residency = kKvCache;
+  }
 }
 
 Cut::~Cut() {

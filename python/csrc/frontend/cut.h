@@ -6,9 +6,10 @@
 //      it writes a storage that a live tensor aliases or that a later kept node reads (a write
 //      through a view that died before the read: `seq[:, :n] = ids; seq.clone()`, as
 //      HuggingFace's beam search does). Dead work is dropped.
-//   2. the KV-cache pass (annotateKvCache): values attention reads as key or value that a
-//      cache-update op produced (cat along the sequence, index_copy(_), slice_scatter), seen
-//      through single-input views, get residency STATEFUL_KV_CACHE (semantic annotation).
+//   2. (after lowering) KV-cache residency: the values genie.semantics' KV-cache pattern found
+//      in the first cut of a structure (its wire value ids, kept per structure: Python runs the
+//      pattern on a structure's first cut, GraphCache::rememberKvCache) get residency
+//      STATEFUL_KV_CACHE in this cut's output specs (semantic annotation, no Python per step).
 //   3. lowering (lower): wire value numbering (graph inputs 0..n-1, then each node's outputs in
 //      order), the inputs (weights bound into the graph by handle, other resident values bound
 //      per run, 0-dim host tensors inline), and the structural key: the graph with its liftable
@@ -75,8 +76,6 @@ struct LostInput : std::runtime_error {
 
 /// Step 1. `wanted`: values to be read.
 std::vector<NodePtr> liveNodes(const std::vector<NodePtr>& pending, const std::vector<Value*>& wanted);
-/// Step 2.
-void annotateKvCache(const std::vector<NodePtr>& nodes);
 /// Step 3. `extra_inputs`: resident values to read that no node reads. Throws LostInput, or
 /// c10::Error for a value that is neither pending nor resident or an argument with no wire form.
 Lowered lower(const std::vector<NodePtr>& nodes, const std::vector<ValuePtr>& extra_inputs);
@@ -117,9 +116,13 @@ class GraphCache {
     std::vector<uint32_t> lifted;                 // positions that travel as scalars, ascending
     std::vector<std::pair<uint32_t, Number>> scalars;  // (slot, value) to bind
     std::optional<wire::GraphId> graph_id;        // nullopt: register encodeGraph(..., lifted) first
+    /// The structure's KV-cache values (wire value ids, ascending); nullopt: not analysed yet.
+    std::optional<std::vector<uint32_t>> kv_cache;
   };
   Prepared prepare(const Lowered& lowered);
   void remember(const Lowered& lowered, const std::vector<uint32_t>& lifted, const wire::GraphId& graph_id);
+  /// Step 2: the KV-cache values of `lowered`'s structure (wire value ids), for its later cuts.
+  void rememberKvCache(const Lowered& lowered, std::vector<uint32_t> value_ids);
   void clear();
   size_t size() const;
 
@@ -128,6 +131,7 @@ class GraphCache {
     std::vector<Number> base;
     std::vector<bool> lifted;
     std::map<std::vector<uint32_t>, wire::GraphId> ids;
+    std::optional<std::vector<uint32_t>> kv_cache;
   };
   struct KeyHash {
     size_t operator()(const std::vector<int64_t>& k) const;
@@ -164,6 +168,9 @@ struct Cut {
   std::vector<ValuePtr> kept;         // the values that get a handle (spec order)
   std::vector<wire::Handle> frees;
 };
+
+/// Step 2 on a cut: output specs of the values `value_ids` get residency STATEFUL_KV_CACHE.
+void markKvCache(Cut& cut, const std::vector<uint32_t>& value_ids);
 
 /// Steps 1-5 on `recording`'s pending graph (taken out of it). `returned`: values read back;
 /// `described`: values kept resident whose descriptors come back. Call drainDead first.

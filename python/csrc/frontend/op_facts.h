@@ -59,8 +59,9 @@ struct OpFacts {
   /// index.Tensor, index_put(_), _index_put_impl_, index_fill(_): eager's bounds check of the
   /// indices' values is made at the op when the host knows them (eager_checks.h checkIndexValues).
   bool checks_index_values = false;
-  /// The KV-cache pass's roles (cut.h): ops that append to a cache (cat, index_copy(_),
-  /// slice_scatter) and attention (scaled_dot_product_attention), which reads it.
+  /// Cache roles, for the asynchronous runs' boundaries (Recording::wantsRun: a run is not cut
+  /// between a cache append and the attention that reads it): ops that append to a cache (cat,
+  /// index_copy(_), slice_scatter) and attention (scaled_dot_product_attention).
   enum class CacheRole : uint8_t { kNone, kWriter, kAttention } cache_role = CacheRole::kNone;
   Route route = Route::kRecord;
   std::string name;                  // "aten::add.Tensor"

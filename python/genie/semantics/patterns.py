@@ -330,7 +330,8 @@ class KVCachePattern(Pattern):
     keys/values along the sequence dimension (0.9; DynamicCache-style, the result is returned
     as the next step's cache); the cache's creation: what the attention reads is made by this
     step and kept beyond it (one of the program's outputs, through views: a DynamicCache's first
-    update stores the prompt's keys as they are; 0.8). One match per attention (its key and value
+    update stores the prompt's keys as they are, a StaticCache's first step writes them into a
+    fresh tensor; 0.8). One match per attention (its key and value
     caches together).
 
     Roles: key_cache, value_cache (the carried inputs), key_new, value_new (what is written),
@@ -397,7 +398,11 @@ class KVCachePattern(Pattern):
             return self._created(graph, read)
         dest = graph.origin(n.inputs[0])
         if not _is_carried(graph, dest):
-            return None
+            # a cache made by this step and filled by the write (a static cache's first step)
+            created = self._created(graph, read)
+            if created is None:
+                return None
+            return created[0], self._new_data(graph, n), [p], 0.8, n.base.removeprefix("aten::")
         if n.writes:
             conf = 0.95
         elif graph.values[dest].mutated:

@@ -11,6 +11,8 @@
   analysis treats it as a scalar. An op writes the inputs whose storage is among its `writes`.
   Every value no node of the list makes is an input: a cut's resident values, or values an
   earlier part of the program made.
+- `kv_cache_ids(cut, outputs)`: the KV caches of a cut, as the runtime marks them on the wire
+  (the KV-cache pattern in place of a pass of the recorder's own).
 - `StepLog`: installed with `observe(log)`, it receives every cut a runtime sends (each step
   of a program: a `generate()` step is one cut, read at its token) and keeps the analysis of
   each (`analyze`, cached by structure then by shapes), in order.
@@ -22,8 +24,10 @@ from dataclasses import dataclass, field
 
 from .cache import Annotated, analyze
 from .graph import SemGraph
+from .patterns import AttentionPattern, KVCachePattern
 
 _WEIGHT, _KV_CACHE = 1, 2  # genie.graph residency classes
+_KV, _ATTENTION = KVCachePattern(), AttentionPattern()
 
 
 def _kind_of(value) -> str:
@@ -46,6 +50,11 @@ def _dtype(value) -> str:
 def from_recorded(nodes, outputs=()) -> SemGraph:
     """The recorder's `nodes` (program order) as a SemGraph; `outputs` are Values the program
     reads (see the module docstring)."""
+    return _built(nodes, outputs)[0]
+
+
+def _built(nodes, outputs) -> tuple[SemGraph, dict]:
+    """(the SemGraph of `nodes`, {recorder Value: its SemGraph value id})."""
     ids: dict = {}
     values: dict[int, dict] = {}
     records = []
@@ -82,7 +91,31 @@ def from_recorded(nodes, outputs=()) -> SemGraph:
         outs = [vid(v) for v in n.outputs]
         records.append({"op": n.name, "inputs": inputs, "outputs": outs, "attrs": attrs, "arg_names": names,
                         "writes": sorted(set(writes))})
-    return SemGraph.from_nodes(records, values, [ids[v] for v in outputs if v in ids])
+    return SemGraph.from_nodes(records, values, [ids[v] for v in outputs if v in ids]), ids
+
+
+def kv_cache_ids(cut, outputs) -> list[int]:
+    """The wire value ids of the KV caches in a runtime's `cut` (genie._C.Cut): every value of
+    its graph on the storage of a cache the KV-cache pattern finds (the carried or created
+    `key_cache`/`value_cache` of each match, and the outputs of its write ops: the cache after
+    this step's append). `outputs`: the Values the cut returns or keeps. The runtime gives them
+    residency StatefulKvCache on the wire, in this cut and in every later cut of its structure
+    (Recording.set_kv_cache). Empty when the graph has no attention or no cache write, which
+    the patterns' op sets tell before any matching."""
+    nodes = cut.nodes
+    names = {n.name for n in nodes}
+    if names.isdisjoint(_KV.ops) or names.isdisjoint(_ATTENTION.ops):
+        return []
+    graph, ids = _built(nodes, outputs)
+    caches: set[int] = set()
+    for match in _KV.match(graph):
+        caches.update(v for role, v in match.roles.items() if role in ("key_cache", "value_cache"))
+        for index in match.nodes:
+            caches.update(graph.nodes[index].outputs)
+    value_of = {sid: v for v, sid in ids.items()}
+    storages = {value_of[sid].storage for sid in caches}
+    found = (cut.value_id(v) for v, sid in ids.items() if v.storage in storages)
+    return sorted({i for i in found if i is not None})
 
 
 @dataclass

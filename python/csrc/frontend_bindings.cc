@@ -388,6 +388,10 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       .def_readwrite("max_pending", &Recording::max_pending)
       .def_readwrite("cache_write_grace", &Recording::cache_write_grace)
       .def_readwrite("connected", &Recording::connected)
+      .def_readwrite("colocation_group", &Recording::colocation_group,
+                     "The co-location group of what the scheduler placed on this device (\"\": none): the KV "
+                     "caches of later cuts carry it (with colocation_bytes, the group's resident bytes).")
+      .def_readwrite("colocation_bytes", &Recording::colocation_bytes)
       .def_property("cpu_kernels", [](const Recording& r) { return r.cpu_kernels.load(); },
                     [](Recording& r, bool v) { r.cpu_kernels.store(v); })
       .def_property("logging", [](const Recording& r) { return r.logging; },

@@ -280,11 +280,20 @@ class PyClient {
     wire::PayloadLayout layout;
     for (size_t i = 0; i < items.size(); ++i) {
       const std::string what = at("put: items", i);
-      py::tuple item = tupleOf(items[i], 3, what);
+      const bool hinted = (PyTuple_Check(items[i].ptr()) || PyList_Check(items[i].ptr())) && py::len(items[i]) == 5;
+      py::tuple item = tupleOf(items[i], hinted ? 5 : 3, what);
       wire::TensorSlotArgs slot;
       slot.handle = idOf<wire::Handle>(item[0], what + " handle");
       tensors.push_back(outgoingOf(item[1], what + " tensor"));
       slot.residency = residencyOf(item[2], what);
+      if (hinted && !item[3].is_none()) {
+        std::string group = py::cast<std::string>(item[3]);
+        if (group.empty() || group.size() > wire::kMaxColocationGroupBytes) {
+          throw py::value_error(what + ": co-location group of " + std::to_string(group.size()) + " bytes, not 1.." +
+                                std::to_string(wire::kMaxColocationGroupBytes));
+        }
+        slot.colocation = wire::ColocationArgs{std::move(group), py::cast<uint64_t>(item[4])};
+      }
       slot.desc = tensors.back().desc;
       slot.payload_offset = layout.add(tensors.back().nbytes);
       offsets.push_back(slot.payload_offset);
@@ -441,6 +450,9 @@ class PyClient {
       spec.action = static_cast<wire::OutputAction>(row.action);
       if (row.handle) spec.handle = *row.handle;
       spec.residency = static_cast<wire::Residency>(row.residency);
+      if (!cut.colocation_group.empty() && spec.residency == wire::Residency::StatefulKvCache) {
+        spec.colocation = wire::ColocationArgs{cut.colocation_group, cut.colocation_bytes};
+      }
       run.outputs.push_back(spec);
     }
     run.free = cut.frees;
@@ -538,6 +550,14 @@ class PyClient {
     out["peer_bytes_sent"] = s->peer_bytes_sent;
     out["peer_bytes_received"] = s->peer_bytes_received;
     out["peer_transfers"] = s->peer_transfers;
+    py::dict colocation;
+    for (const auto& g : s->colocation) {
+      py::dict group;
+      group["bytes"] = g.bytes;
+      group["resident"] = g.resident;
+      colocation[py::str(g.group)] = group;
+    }
+    out["colocation"] = colocation;
     return out;
   }
 
@@ -766,7 +786,10 @@ Every blocking method releases the GIL while it waits.
       .def("put", returning(&PyClient::put), py::arg("items"), R"doc(
 put(items: list[tuple[bytes, torch.Tensor, int]]) -> None
 
-Stores CPU tensors on the node in one PutTensors: (16-byte handle, tensor, residency int).
+Stores CPU tensors on the node in one PutTensors: (16-byte handle, tensor, residency int), or
+(handle, tensor, residency, co-location group str or None, the group's bytes int): the
+scheduler's hint (schemas/genie.fbs Colocation; the node refuses a new group that does not fit
+with OutOfMemory naming it, and keeps the tensor from SendTensors).
 Any dtype with a wire dtype; shape, strides and storage_offset are kept: the bytes sent are the
 storage span the view needs (storage_offset prefix included). One tensor is sent straight from
 its storage; several from theirs, as one payload (no copy). Conjugate/negative views are resolved.
@@ -839,7 +862,8 @@ uptime_us (µs), session_resident, device_free, device_total (bytes), package_ca
 executor_calls, packages_built, packages_loaded, compile_failures (compiled parts),
 peer_bytes_sent, peer_bytes_received (bytes, headers and payloads, this node sent to and
 received from other nodes: send_tensors), peer_transfers (send_tensors this node served plus
-those it received).
+those it received), colocation ({group: {"bytes": admitted with, "resident": bytes now}}: this
+session's co-location groups).
 )doc")
       .def("send_tensors", returning(&PyClient::sendTensors), py::arg("peer"), py::arg("auth_token"),
            py::arg("peer_session"), py::arg("handles"), py::arg("peer_handles"), R"doc(

@@ -19,6 +19,12 @@ The figures are the node's:
 
 A device whose node was never used reports 0 bytes without connecting, as torch.cuda reports
 0 before CUDA is initialized.
+
+On a cluster (several nodes), each node is one device, as each GPU is for torch.cuda:
+`device_count()` is the number of nodes, and every function here takes one device, the current
+one by default (`remote_accelerator` without an index names it for tensors). A model moved to
+the cluster (`module.to("remote_accelerator")`, genie.placed.defer) has its weights on several
+nodes once placed: `cluster_memory_allocated()` and `cluster_mem_get_info()` sum over all nodes.
 """
 
 from __future__ import annotations
@@ -167,6 +173,21 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return stats["device_free"], stats["device_total"]
 
 
+def cluster_memory_allocated() -> int:
+    """Bytes this session holds resident over all its nodes: `memory_allocated(i)` summed over
+    every device (i < device_count()). No round trip; a node never used counts 0."""
+    from .device import device_count
+    return sum(memory_allocated(i) for i in range(device_count()))
+
+
+def cluster_mem_get_info() -> tuple[int, int]:
+    """(free, total) bytes of all the nodes' devices: `mem_get_info(i)` summed over every
+    device (one request each; connects to each). Raises GenieConnectionError."""
+    from .device import device_count
+    infos = [mem_get_info(i) for i in range(device_count())]
+    return sum(free for free, _ in infos), sum(total for _, total in infos)
+
+
 @dataclass(frozen=True)
 class RemoteDeviceProperties:
     """What `torch.remote_accelerator.get_device_properties(i)` reports, as
@@ -219,4 +240,4 @@ class AcceleratorHooks:
 
 FUNCTIONS = (memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved, reset_peak_memory_stats,
              reset_accumulated_memory_stats, memory_stats, empty_cache, mem_get_info, get_device_name,
-             get_device_properties)
+             get_device_properties, cluster_memory_allocated, cluster_mem_get_info)

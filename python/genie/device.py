@@ -7,6 +7,9 @@
   and device-information functions) via `torch._register_device_module`, and the generated `Tensor.remote_accelerator()` / `Tensor.is_remote_accelerator` helpers;
 - the node's own operators `genie::manual_seed`, `genie::get_rng_state` and `genie::set_rng_state`,
   which `torch.manual_seed` and the device's RNG-state functions reach;
+- `torch.nn.Module.to` wrapped once (`_module_to`): on a cluster (two or more nodes), a host
+  module's `.to("remote_accelerator")` without an index defers it, to be placed over the nodes
+  at its first call (genie.placed.defer); every other call is torch's;
 - genie.accelerator's hooks, through which `torch.accelerator` (synchronize, memory_allocated,
   memory_stats, get_memory_info, ...) reaches the device (genie._C.set_accelerator_hooks);
 - the recorder's PrivateUse1 kernel (genie._C, python/csrc/dispatch_kernel.cc): every op on a
@@ -30,7 +33,9 @@ _genie_library = torch.library.Library("genie", "DEF")  # noqa: TOR901 - the nod
 
 
 def device_count() -> int:
-    """The number of remote_accelerator devices (nodes); starts the embedded node if needed."""
+    """The number of remote_accelerator devices: the nodes this process is configured with
+    (`genie.init`, `GENIE_SERVER`; 1 for the embedded node), as torch.cuda counts GPUs.
+    Connects to none of them."""
     from . import _session
     return len(_session.session().servers)
 
@@ -85,6 +90,39 @@ def _device_module() -> types.ModuleType:
 def _set_device(device) -> None:
     _C.set_current_device(_device_of(device).index)
 
+
+
+_torch_module_to = torch.nn.Module.to
+
+
+def _module_to(self, *args, **kwargs):
+    """`torch.nn.Module.to`, where `remote_accelerator` without an index means the cluster when
+    this process has two or more nodes (`device_count() >= 2`): a module whose parameters and
+    buffers are all on the host stays there, deferred (`genie.placed.defer`): its first call
+    places it over the nodes (scheduler's goal "latency"). A dtype or memory format given with
+    it applies on the host now. `.to("remote_accelerator")` of a module already deferred or
+    placed so changes nothing else; `.to(device)` of one to any device undoes the deferral (the
+    placement's hooks are removed) and moves it as torch does. Every other call (an index, one
+    node, no device, another device type, a module with weights off the host) is torch's."""
+    device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    deferred = self.__dict__.get("_genie_deferred")  # genie.placed.deferred_of, without loading the scheduler
+    cluster = device is not None and device.type == "remote_accelerator" and device.index is None
+    if cluster and (deferred is not None or (device_count() >= 2 and _on_host(self))):
+        if dtype is not None or memory_format is not None:
+            _torch_module_to(self, dtype=dtype, memory_format=memory_format)
+        if deferred is None:
+            from .placed import defer
+            defer(self)
+        return self
+    if device is not None and deferred is not None:
+        deferred.cancel()  # to another device: off the cluster
+    return _torch_module_to(self, *args, **kwargs)
+
+
+def _on_host(module: torch.nn.Module) -> bool:
+    """The module has parameters or buffers, all on the host."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return bool(tensors) and all(t.device.type == "cpu" for t in tensors)
 
 
 class _DeviceContext:
@@ -164,6 +202,7 @@ def register() -> None:
     from .compat import ctc_loss_on_device
     _library.impl("ctc_loss.Tensor", ctc_loss_on_device, "AutogradPrivateUse1")
     torch.UntypedStorage._swap_data_ptr_ = _swap_data_ptr_
+    torch.nn.Module.to = _module_to  # remote_accelerator without an index: the cluster
     _registered = True
 
 

@@ -7,6 +7,10 @@
     served = genie.disaggregate(model, input_ids)      # prefill on one node, decode on another
     tokens = model.generate(input_ids.to(served.home), max_new_tokens=32)
 
+    model.to("remote_accelerator")                     # two or more nodes: defer(model)
+    tokens = model.generate(input_ids.to("remote_accelerator"), max_new_tokens=32)
+    print(placement_of(model))                         # placed by its first call
+
 `place(model, *example)`: `genie.semantics.capture` traces one call of the CPU model on fake
 tensors (nothing runs), the analysis groups its ops (patterns, costs, the weights each group
 reads), `genie.scheduler.schedule` places the groups on the cluster (default: every
@@ -26,6 +30,14 @@ goal, and the model is moved to match, one *block* at a time:
   is on one node with every block that reads it: the scheduler co-locates what shares a
   weight); activations and caches made by a block stay on its node (a KV cache with its
   attention).
+- co-location hints on the wire (schemas/genie.fbs Colocation): on each of its nodes the
+  model's weights, uploaded as its blocks move, and the KV caches its runs keep there carry
+  one group (`colocation_group(model)`) with the bytes the schedule keeps on that node. The
+  node admits the group whole (a group that no longer fits, say another client took the
+  memory since the cluster was measured, is refused with OutOfMemory before any of its bytes
+  are stored), refuses to send its tensors to another node, and reports it in
+  `memory_stats()["colocation"]`. One group per node at a time: the latest placement on a
+  node names the caches made there.
 - a forward hook on the model moves its tensor outputs to `home` (the node of the first
   block, or the device of the first remote tensor argument of a call), so that a caller such
   as `generate()` sees one device.
@@ -42,11 +54,19 @@ forward runs a call without a filled cache (the prefill) on the prefill node, th
 layer's keys and values (`transformers.DynamicCache`: in one SendTensors) and the outputs node
 to node to the decode node, once; later calls (decode steps) run on the decode node.
 
+`defer(model, goal)`: the model stays on the host until its first call, which places it as
+`place` does with that call's arguments as the example; `module.to("remote_accelerator")` (no
+index) defers when this process has two or more nodes (genie.device's `Module.to`). Its
+outputs go to the device current when it was deferred at every call; `placement_of(model)`
+is the Placement once placed.
+
 Errors: ValueError for a model with parameters off the host, or an unknown goal;
 `genie.scheduler.PlacementError` when the model fits on no placement (naming the group, the
 bytes it needs and the largest free memory), when moving whole blocks would overfill a node,
-or when it would put a tied weight on two nodes (nothing is moved then); capture's errors for a model it cannot trace; GenieConnectionError for an unreachable
-node.
+or when it would put a tied weight on two nodes (nothing is moved then); capture's errors for
+a model it cannot trace; GenieRemoteError (OutOfMemory naming the co-location group) when a
+node refuses its group (the blocks moved so far go back to the host); GenieConnectionError for
+an unreachable node.
 """
 from __future__ import annotations
 
@@ -56,7 +76,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .scheduler import Cluster, PlacementError, check_schedule, connected_cluster, schedule, schedule_disaggregated
-from .scheduler.schedule import evaluate
+from .scheduler.schedule import GOALS, evaluate
+from .runtime import locked, runtime_for
 from .semantics import analyze, capture
 from .transfers import move_many
 
@@ -79,6 +100,7 @@ class Placement:
     realized: object
     cluster: Cluster
     home: torch.device
+    group: str = ""  # its co-location group on each of its nodes (`colocation_group`)
     _hooks: list = field(default_factory=list, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)  # the current call's moves (see _move)
 
@@ -87,10 +109,14 @@ class Placement:
         return list(dict.fromkeys(self.blocks.values()))
 
     def remove(self) -> None:
-        """Removes the hooks (the weights stay where they are)."""
+        """Removes the hooks (the weights stay where they are) and the co-location hint: later
+        KV caches on its nodes carry no group."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for device in self.devices():
+            if self.group:
+                _colocate(device, None, 0, only_if=self.group)
 
     def __str__(self) -> str:
         runs: list[tuple[torch.device, list[str]]] = []
@@ -208,6 +234,12 @@ def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster:
     ExecutionSchedule: the scheduler's `schedule` (default), or a baseline such as
     `genie.scheduler.round_robin` for a comparison. Returns the Placement; the model is changed
     in place (its blocks on their nodes, hooks installed). Raises as the module docstring says."""
+    return _place(model, example_args, example_kwargs, goal, cluster, devices, algorithm)
+
+
+def _place(model, example_args, example_kwargs, goal="latency", cluster=None, devices=None, algorithm=schedule,
+           home: torch.device | None = None) -> Placement:
+    """`place`; with `home`, every call's outputs go to `home` (not to its first remote tensor's device)."""
     _check_host(model)
     groups = analyze(capture(model, *example_args, **example_kwargs)).to_groups()
     cluster = cluster if cluster is not None else connected_cluster(devices)
@@ -232,18 +264,45 @@ def place(model: torch.nn.Module, *example_args, goal: str = "latency", cluster:
         raise PlacementError("the model has no weights and the schedule no node")
     realized = _realized(groups, cluster, sched, node_of_name, names, blocks, block_node, goal)
     check_schedule(groups, cluster, realized)  # whole blocks still fit (else PlacementError, nothing moved)
-    placement = Placement(model, {}, sched, realized, cluster, _device(default))
-    for path, block in blocks:
-        node = block_node[path]
-        if node is None:
-            continue
-        device = _device(node)
-        block.to(device)
-        placement.blocks[path] = device
-        placement._hooks.append(block.register_forward_pre_hook(_inputs_to(device, placement._memo),
-                                                                with_kwargs=True))
-    placement._hooks += _home_hooks(model, placement)
+    placement = Placement(model, {}, sched, realized, cluster, home or _device(default), colocation_group(model))
+    for node in dict.fromkeys(n for n in block_node.values() if n is not None):
+        _colocate(_device(node), placement.group, realized.resident_bytes.get(node, 0))
+    try:
+        for path, block in blocks:
+            node = block_node[path]
+            if node is None:
+                continue
+            device = _device(node)
+            placement.blocks[path] = device
+            block.to(device)
+            placement._hooks.append(block.register_forward_pre_hook(_inputs_to(device, placement._memo),
+                                                                    with_kwargs=True))
+    except BaseException:  # a node refused a block (its group no longer fits): back to the host
+        placement.remove()
+        for path in placement.blocks:
+            model.get_submodule(path).to("cpu")
+        raise
+    placement._hooks += _home_hooks(model, placement, follow_inputs=home is None)
     return placement
+
+
+def colocation_group(model: torch.nn.Module) -> str:
+    """The co-location group of a placed model on each of its nodes: its class and identity
+    in this process (schemas/genie.fbs Colocation)."""
+    return f"{type(model).__name__}#{id(model):x}"
+
+
+@locked
+def _colocate(device: torch.device, group: str | None, nbytes: int, only_if: str | None = None) -> None:
+    """The scheduler's co-location hint for `device` (its Recording's colocation_group and
+    colocation_bytes): the weights uploaded there from now on and the KV caches its runs keep
+    carry `group`, whose `nbytes` the node admits whole; None clears it (when the device's
+    group is still `only_if`, if given)."""
+    recording = runtime_for(device).recording
+    if only_if is not None and recording.colocation_group != only_if:
+        return
+    recording.colocation_group = group or ""
+    recording.colocation_bytes = nbytes if group else 0
 
 
 def _device(node: str) -> torch.device:
@@ -288,9 +347,9 @@ def _inputs_to(device: torch.device, memo: dict):
     return hook
 
 
-def _home_hooks(model: torch.nn.Module, placement: Placement) -> list:
-    """The model's outputs go to `placement.home`, or to the device of the first remote tensor
-    argument of the call."""
+def _home_hooks(model: torch.nn.Module, placement: Placement, follow_inputs: bool = True) -> list:
+    """The model's outputs go to `placement.home`, or (`follow_inputs`) to the device of the
+    first remote tensor argument of the call."""
     calls: list[torch.device] = []
 
     def first_remote(x):
@@ -305,7 +364,7 @@ def _home_hooks(model: torch.nn.Module, placement: Placement) -> list:
     def pre(module, args, kwargs):
         if not calls:
             placement._memo.clear()  # moves are reused within one call of the model only
-        calls.append(first_remote((args, kwargs)) or placement.home)
+        calls.append((first_remote((args, kwargs)) if follow_inputs else None) or placement.home)
 
     def post(module, args, kwargs, output):
         out = _move(output, calls.pop(), placement._memo)
@@ -315,6 +374,107 @@ def _home_hooks(model: torch.nn.Module, placement: Placement) -> list:
 
     return [model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
             model.register_forward_hook(post, with_kwargs=True, always_call=False)]
+
+
+@dataclass
+class Deferred:
+    """A host model moved to the cluster (`defer`, or `model.to("remote_accelerator")` when
+    this process has two or more nodes), placed at its first call. `goal`: the scheduler's goal;
+    `home`: where its outputs go at every call (the current device when it was deferred);
+    `placement`: the Placement its first call made (None before)."""
+
+    model: torch.nn.Module = field(repr=False)
+    goal: str
+    home: torch.device
+    placement: Placement | None = None
+    _hook: object = field(default=None, repr=False)
+    _placing: bool = field(default=False, repr=False)
+
+    def cancel(self) -> None:
+        """The model is no longer on the cluster: the deferral or the placement's hooks are
+        removed (the weights stay where they are) and `placement_of(model)` is None."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.placement is not None:
+            self.placement.remove()
+        self.model.__dict__.pop(_DEFERRED, None)
+
+    def _first_call(self, model, args, kwargs):
+        """The forward pre-hook of a deferred model: places it from this call's arguments, then
+        lets the call go on through the placement's hooks."""
+        if self._placing:  # capture's own trace of the model
+            return None
+        before = set(model._forward_pre_hooks)
+        self._placing = True
+        try:
+            example_args, example_kwargs = _host_example((args, kwargs))
+            self.placement = _place(model, example_args, example_kwargs, goal=self.goal, home=self.home)
+        finally:
+            self._placing = False
+        self._hook.remove()
+        self._hook = None
+        # torch runs the pre-hooks registered when the call began: the placement's run now.
+        for key, hook in list(model._forward_pre_hooks.items()):
+            if key not in before:
+                args, kwargs = hook(model, args, kwargs) or (args, kwargs)  # all with_kwargs
+        return args, kwargs
+
+
+_DEFERRED = "_genie_deferred"  # the attribute of a deferred model that holds its Deferred
+
+
+def defer(model: torch.nn.Module, goal: str = "latency") -> Deferred:
+    """Puts the host `model` on the cluster without moving anything: at its first call, a
+    forward pre-hook places it as `place` does (over every configured node, for `goal`), with
+    that call's arguments as the example, removes itself, and the call runs on the placement.
+    The example is the call's host tensors as they are, each remote tensor replaced by host
+    zeros of its shape and dtype (its value is not read), other objects (an empty cache)
+    copied: the trace changes none of the caller's. Every call's outputs go to the device
+    current when `defer` is called (what `remote_accelerator` without an index names), so that a caller such as
+    `generate()`, which moves the inputs to `model.device`, finds them where its own tensors
+    are. A model already deferred keeps its Deferred. Returns the Deferred. Raises ValueError
+    for a model with parameters or buffers off the host or for an unknown goal; the first call
+    raises what `place` raises (the model stays deferred then)."""
+    _check_host(model)
+    if goal not in GOALS:
+        raise ValueError(f"goal {goal!r} is not one of {GOALS}")
+    deferred = model.__dict__.get(_DEFERRED)
+    if deferred is None:
+        deferred = Deferred(model, goal, torch.device(_DEVICE, torch.remote_accelerator.current_device()))
+        deferred._hook = model.register_forward_pre_hook(deferred._first_call, with_kwargs=True)
+        model.__dict__[_DEFERRED] = deferred
+    return deferred
+
+
+def deferred_of(model: torch.nn.Module) -> Deferred | None:
+    """The Deferred of a model on the cluster (`defer`), None for any other model."""
+    return model.__dict__.get(_DEFERRED)
+
+
+def placement_of(model: torch.nn.Module) -> Placement | None:
+    """The Placement of a model on the cluster once its first call placed it; None before that
+    call and for a model that was not deferred (`defer`)."""
+    deferred = deferred_of(model)
+    return deferred.placement if deferred is not None else None
+
+
+def _host_example(x):
+    """`x` for a trace on the host: host tensors as they are, other tensors as host zeros of
+    their shape and dtype, through tuples, lists and dicts; modules and plain values as they
+    are; other objects copied (`copy.deepcopy`)."""
+    if isinstance(x, torch.Tensor):
+        return x if x.device.type == "cpu" else torch.zeros(x.shape, dtype=x.dtype)
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_host_example(y) for y in x)
+    if isinstance(x, list):
+        return [_host_example(y) for y in x]
+    if isinstance(x, dict):
+        return {k: _host_example(y) for k, y in x.items()}
+    if x is None or isinstance(x, (torch.nn.Module, str, bytes, int, float, bool, complex, torch.dtype,
+                                   torch.device)):
+        return x
+    return copy.deepcopy(x)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Host tensors put on the node, as the runtime does it (a mixin of genie.runtime.Runtime).
 
 - `upload` puts a host tensor on the node now (one PutTensors) and returns its resident value;
-  parameters are PersistentWeight, the rest EphemeralActivation.
+  parameters are PersistentWeight, the rest EphemeralActivation. While the device's recording
+  names a co-location group (`Recording.colocation_group`, set by genie.placed), weights carry
+  it: the node admits the group whole and keeps them (schemas/genie.fbs Colocation).
 - `copy_from_host` is `dst.copy_(src)` for a host `src`: parameters and tensors over
   `inline_max_bytes` are put on the node now; smaller ones travel inline with the next run (no
   round trip). A freshly made `dst` (`tensor.to(device)`) simply becomes the uploaded value.
@@ -40,7 +42,11 @@ class Uploads:
         data = cpu.detach()
         if data.requires_grad or isinstance(data, torch.nn.Parameter):
             data = data.data
-        self._request("put", [(handle, data, residency)])  # no report of failed runs here: the handle would leak
+        item = (handle, data, residency)
+        group = self.recording.colocation_group
+        if group and residency == WEIGHT:  # the scheduler's co-location hint (genie.placed)
+            item += (group, self.recording.colocation_bytes)
+        self._request("put", [item])  # no report of failed runs here: the handle would leak
         if self.lineage is not None:
             self.lineage.put([(handle, data, residency)])
         value = Value.resident(storage, data.dtype, handle, residency)

@@ -636,6 +636,10 @@ Result<wire::StatsArgs> Client::stats() {
   out.peer_bytes_sent = s->peer_bytes_sent();
   out.peer_bytes_received = s->peer_bytes_received();
   out.peer_transfers = s->peer_transfers();
+  for (uint32_t i = 0; s->colocation() && i < s->colocation()->size(); ++i) {
+    const wire::ColocationBytes* g = s->colocation()->Get(i);
+    out.colocation.push_back({std::string(wire::stringOf(g->group())), g->bytes(), g->resident()});
+  }
   impl_->noteResident(out.session_resident);
   return out;
 }

@@ -41,6 +41,15 @@ std::optional<std::string> NodeMemory::reserve(SessionMemory& session, uint64_t 
   return std::nullopt;
 }
 
+std::optional<std::string> NodeMemory::wouldFit(const SessionMemory& session, uint64_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t session_use = session.resident + session.transient_counted;
+  if ((session.limit != 0 && session_use + bytes > session.limit) || (limit_ != 0 && used_ + bytes > limit_)) {
+    return overMessage(session, bytes);
+  }
+  return std::nullopt;
+}
+
 uint64_t NodeMemory::used() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return used_;

@@ -41,6 +41,9 @@ class NodeMemory {
   /// bytes asked for and both figures: the session's use and quota, the node's use and limit.
   std::optional<std::string> reserve(SessionMemory& session, uint64_t bytes, wire::Residency residency);
   void release(SessionMemory& session, uint64_t bytes, wire::Residency residency);
+  /// Whether `bytes` more resident bytes would fit now (reserves nothing): the OutOfMemory
+  /// message as reserve gives it when they would not.
+  std::optional<std::string> wouldFit(const SessionMemory& session, uint64_t bytes) const;
 
   /// A run of `session` allocated (delta > 0) or freed bytes. Returns the OutOfMemory message
   /// when the session or the node is now over its limit.

@@ -307,6 +307,7 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
     case wire::Body::StatsRequest: {
       wire::StatsArgs stats = node.collectStats();
       stats.session_resident = node.memory.resident(memory);
+      stats.colocation = tensors.colocation();
       return node.reply(*endpoint_, wire::buildStats(id, stats));
     }
     case wire::Body::SendTensors: return sendToPeer(id, *msg.body_as_SendTensors());
@@ -336,6 +337,11 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
     if (tensors.contains(*slot->handle())) {
       return refuse(wire::requestError(ErrorCode::DuplicateHandle, fmt::format("PutTensors.tensors[{}]: handle {} is already in use",
                                                              reserved, wire::toString(*slot->handle()))));
+    }
+    if (const wire::Colocation* c = slot->colocation()) {
+      Status admitted = tensors.admit(std::string(wire::stringOf(c->group())), c->bytes(),
+                                      fmt::format("PutTensors.tensors[{}]", reserved));
+      if (!admitted) return refuse(admitted);
     }
     if (auto error = node.memory.reserve(memory, slot->desc()->nbytes(), slot->residency())) {
       return refuse(wire::requestError(ErrorCode::OutOfMemory, fmt::format("PutTensors.tensors[{}]: {}", reserved, *error)));
@@ -408,7 +414,8 @@ Status Session::putTensors(InboundMessage& message, const wire::PutTensors& put)
     const auto* slot = slots->Get(i);
     if (!direct) made[i] = onDevice(std::move(made[i]), *slot->desc(), node.device);
     // Reserved above, each a new storage. A handle named twice in this message fails here.
-    if (Status error = tensors.store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true); !error) {
+    const std::string group = slot->colocation() ? std::string(wire::stringOf(slot->colocation()->group())) : "";
+    if (Status error = tensors.store(*slot->handle(), made[i], slot->residency(), /*reserved=*/true, &group); !error) {
       for (uint32_t j = i; j < slots->size(); ++j) {
         node.memory.release(memory, slots->Get(j)->desc()->nbytes(), slots->Get(j)->residency());
       }
@@ -490,6 +497,12 @@ void Session::runGraph(uint64_t id, InboundMessage& message, const wire::RunGrap
   }
   std::vector<at::Tensor> inputs(graph->numInputs());
   if (Status error = bindInputs(message, run, *graph, inputs); !error) return node.replyError(*endpoint_, id, error);
+  for (uint32_t i = 0; run.outputs() && i < run.outputs()->size(); ++i) {  // co-location groups: before anything runs
+    if (const wire::Colocation* c = run.outputs()->Get(i)->colocation()) {
+      Status admitted = tensors.admit(std::string(wire::stringOf(c->group())), c->bytes(), fmt::format("RunGraph.outputs[{}]", i));
+      if (!admitted) return node.replyError(*endpoint_, id, admitted);
+    }
+  }
   std::vector<ScalarSlotValue> scalars(graph->numScalarInputs(), int64_t{0});
   const auto* scalar_bindings = run.scalars();
   for (uint32_t i = 0; scalar_bindings && i < scalar_bindings->size(); ++i) {
@@ -600,6 +613,13 @@ void Session::sendToPeer(uint64_t id, const wire::SendTensors& send) {
       return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::UnknownHandle,
                                              fmt::format("SendTensors.handles[{}]: no tensor {} in this session", i,
                                                          wire::toString(handle))));
+    }
+    if (const std::string* group = tensors.groupOf(handle)) {
+      return node.replyError(*endpoint_, id, wire::requestError(ErrorCode::InvalidMessage,
+                                             fmt::format("SendTensors.handles[{}]: tensor {} belongs to co-location group "
+                                                         "'{}', which stays on this node (the scheduler's hint: weights "
+                                                         "and KV caches stay where their group runs)",
+                                                         i, wire::toString(handle), *group)));
     }
     travel[i] = travelling(*tensor);
     wire::TensorSlotArgs& slot = slots[i];
@@ -770,7 +790,8 @@ Status Session::applyOutputs(const wire::RunGraph& run, const std::vector<at::Te
         return fail(wire::requestError(ErrorCode::InvalidMessage,
                      fmt::format("RunGraph.outputs[{}]: value {} is None and cannot be kept", i, spec->value())));
       }
-      if (Status error = tensors.store(*spec->handle(), value, spec->residency()); !error) {
+      const std::string group = spec->colocation() ? std::string(wire::stringOf(spec->colocation()->group())) : "";
+      if (Status error = tensors.store(*spec->handle(), value, spec->residency(), /*reserved=*/false, &group); !error) {
         return fail(wire::requestError(wire::errorCodeOf(error), fmt::format("RunGraph.outputs[{}]: {}", i, error.message())));
       }
       kept.push_back(*spec->handle());

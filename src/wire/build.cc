@@ -29,6 +29,12 @@ flatbuffers::Offset<RemoteBuffer> createRemoteBuffer(flatbuffers::FlatBufferBuil
                             remote.memory);
 }
 
+flatbuffers::Offset<Colocation> createColocation(flatbuffers::FlatBufferBuilder& fbb,
+                                                 const std::optional<ColocationArgs>& colocation) {
+  if (!colocation) return 0;
+  return CreateColocation(fbb, createString(fbb, colocation->group), colocation->bytes);
+}
+
 Result<flatbuffers::Offset<TensorSlot>> createTensorSlot(flatbuffers::FlatBufferBuilder& fbb,
                                                          const TensorSlotArgs& slot) {
   auto desc = createTensorDesc(fbb, slot.desc);
@@ -36,7 +42,7 @@ Result<flatbuffers::Offset<TensorSlot>> createTensorSlot(flatbuffers::FlatBuffer
   flatbuffers::Offset<RemoteBuffer> remote = 0;
   if (slot.remote) remote = createRemoteBuffer(fbb, *slot.remote);
   return CreateTensorSlot(fbb, isNull(slot.handle) ? nullptr : &slot.handle, *desc, slot.residency,
-                          slot.payload_offset, remote);
+                          slot.payload_offset, remote, createColocation(fbb, slot.colocation));
 }
 
 Result<flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<TensorSlot>>>> createTensorSlots(
@@ -207,7 +213,8 @@ Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const Run
   std::vector<flatbuffers::Offset<OutputSpec>> outputs;
   for (const OutputSpecArgs& o : run.outputs) {
     outputs.push_back(CreateOutputSpec(fbb, o.value, o.action,
-                                       isNull(o.handle) ? nullptr : &o.handle, o.residency));
+                                       isNull(o.handle) ? nullptr : &o.handle, o.residency,
+                                       createColocation(fbb, o.colocation)));
   }
   auto free_vec = run.free.empty() ? 0 : createHandles(fbb, run.free);
   auto body = CreateRunGraph(fbb, &run.graph_id, fbb.CreateVector(inputs),
@@ -265,11 +272,17 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
   for (const auto& [residency, bytes] : s.resident) {
     resident.push_back(CreateResidentBytes(fbb, residency, bytes));
   }
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ColocationBytes>>> colocation = 0;
+  if (!s.colocation.empty()) {
+    std::vector<flatbuffers::Offset<ColocationBytes>> groups;
+    for (const auto& g : s.colocation) groups.push_back(CreateColocationBytes(fbb, createString(fbb, g.group), g.bytes, g.resident));
+    colocation = fbb.CreateVector(groups);
+  }
   auto body = CreateStats(fbb, s.sessions, fbb.CreateVector(resident), s.graphs_cached,
                           s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
                           s.session_resident, s.device_free, s.device_total, s.package_calls,
                           s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures,
-                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers);
+                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers, colocation);
   return finished(fbb, request_id, body);
 }
 

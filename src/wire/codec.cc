@@ -158,6 +158,16 @@ Status checkRemoteBuffer(const RemoteBuffer* remote, const Path& p, uint64_t min
 
 enum class HandleRule { kRequired, kOptional };
 
+/// A co-location hint, when present: a group of 1..kMaxColocationGroupBytes bytes.
+Status checkColocation(const Colocation* colocation, const Path& p) {
+  if (!colocation) return Status::ok();
+  const size_t n = colocation->group() ? colocation->group()->size() : 0;
+  if (n == 0 || n > kMaxColocationGroupBytes) {
+    return GENIE_INVALID(Path(p, "group"), "{} bytes, not 1..{}", n, kMaxColocationGroupBytes);
+  }
+  return Status::ok();
+}
+
 /// What every TensorSlot must satisfy: present, its handle (when `rule` requires one), its
 /// descriptor (`nbytes` gets the bytes it describes) and its residency.
 Status checkSlotHead(const TensorSlot* slot, const Path& p, HandleRule rule, uint64_t* nbytes) {
@@ -169,7 +179,7 @@ Status checkSlotHead(const TensorSlot* slot, const Path& p, HandleRule rule, uin
   if (!inEnum(slot->residency())) {
     return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency", enumValue(slot->residency()));
   }
-  return Status::ok();
+  return checkColocation(slot->colocation(), Path(p, "colocation"));
 }
 
 Status checkTensorSlot(const TensorSlot* slot, const Path& p, HandleRule rule,
@@ -472,7 +482,7 @@ Status checkOutputSpec(const OutputSpec& out, const Path& p) {
   if (!inEnum(out.residency())) {
     return GENIE_INVALID(Path(p, "residency"), "{} is not a Residency", enumValue(out.residency()));
   }
-  return Status::ok();
+  return checkColocation(out.colocation(), Path(p, "colocation"));
 }
 
 Status checkRunGraph(const RunGraph& run, const Path& p, size_t payload_bytes) {

@@ -228,3 +228,60 @@ def test_a_model_that_fits_on_no_placement_is_refused_and_nothing_moves(cluster)
     assert "needs" in str(refused.value) and "free memory" in str(refused.value)  # the group, its bytes, the room
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert all(_stats(i)["resident"]["PersistentWeight"] == 0 for i in range(2))
+
+
+@pytest.mark.limit(LIMIT)
+def test_a_placed_model_is_one_colocation_group_per_node_that_the_node_keeps(cluster):
+    model, _ = _gpt2()
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(5))
+    placed = genie.place(model, ids)
+    group = genie.placed.colocation_group(model)
+    # The hint travelled with every weight: each node's group holds exactly its weights, and was
+    # admitted with the schedule's bytes for that node (weights and the example's caches).
+    for i in range(2):
+        stats = _stats(i)
+        admitted = stats["colocation"][group]
+        assert admitted["resident"] == stats["resident"]["PersistentWeight"] > 0
+        assert admitted["bytes"] == placed.realized.resident_bytes[f"remote_accelerator:{i}"] >= admitted["resident"]
+    # The KV caches made on a node join its group (residency StatefulKvCache, the group's hint).
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    cache = {0: 0, 1: 0}
+    for layer in out.past_key_values.layers:
+        for t in (layer.keys, layer.values):
+            cache[t.device.index] += t.numel() * t.element_size()
+    assert cache[0] > 0 and cache[1] > 0, cache
+    for i in range(2):
+        stats = _stats(i)
+        assert stats["resident"]["StatefulKvCache"] == cache[i]
+        assert stats["colocation"][group]["resident"] == stats["resident"]["PersistentWeight"] + cache[i]
+    # A tensor of the group stays on its node: the node refuses to send it, naming the group.
+    weight = model.transformer.h[0].attn.c_attn.weight
+    other = f"remote_accelerator:{1 - weight.device.index}"
+    with pytest.raises(GenieError, match=f"co-location group '{group}'"):
+        weight.to(other).cpu()
+    layer = out.past_key_values.layers[0]
+    with pytest.raises(GenieError, match="stays on this node"):
+        layer.keys.to(f"remote_accelerator:{1 - layer.keys.device.index}").cpu()
+    with torch.no_grad():  # and the model runs on
+        model(ids).logits.cpu()
+    placed.remove()
+    assert all(genie.runtime.runtime_for(torch.device(d)).recording.colocation_group == "" for d in placed.devices())
+
+
+@pytest.mark.limit(LIMIT)
+def test_a_node_refuses_a_group_that_no_longer_fits_and_nothing_stays_placed(cluster):
+    model, _ = _gpt2()
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 8))
+    measured = genie.scheduler.connected_cluster()  # free memory as the scheduler saw it
+    # Another program takes most of node 1's memory after the measurement: the schedule still
+    # uses node 1 (the model fits on no single node), and node 1 refuses the group whole.
+    hog = torch.ones(int(LIMIT * 0.8) // 4, device="remote_accelerator:1")
+    torch.remote_accelerator.synchronize()
+    with pytest.raises(GenieError, match="co-location group .* does not fit on this node"):
+        genie.place(model, ids, cluster=measured)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    torch.remote_accelerator.synchronize()
+    assert _stats(0)["resident"]["PersistentWeight"] == 0 and _stats(1)["resident"]["PersistentWeight"] == 0
+    assert genie.placed.colocation_group(model) not in _stats(1)["colocation"]
+    del hog

@@ -649,6 +649,18 @@ TEST(WireVerifySemantics, RunGraphBindings) {
                   out.push_back(CreateOutputSpec(fbb, 3, OutputAction::KeepAndDescribe, &null));
                 }),
                 0, "RunGraph.outputs[0].handle: {0,0} is not a valid handle");
+  const Handle h(1, 1);
+  auto colocated = [&](std::string group) {
+    return run([&](auto& fbb, auto&, auto&, auto& out, auto&) {
+      out.push_back(CreateOutputSpec(fbb, 3, OutputAction::KeepResident, &h, Residency::StatefulKvCache,
+                                     CreateColocation(fbb, fbb.CreateString(group), 1024)));
+    });
+  };
+  expectValid(colocated("GPT2LMHeadModel#1"));
+  expectValid(colocated(std::string(kMaxColocationGroupBytes, 'g')));
+  expectInvalid(colocated(""), 0, "RunGraph.outputs[0].colocation.group: 0 bytes, not 1..256");
+  expectInvalid(colocated(std::string(kMaxColocationGroupBytes + 1, 'g')), 0,
+                "RunGraph.outputs[0].colocation.group: 257 bytes, not 1..256");
 }
 
 TEST(WireVerifySemantics, RunGraphFree) {

@@ -244,12 +244,21 @@ struct RemoteBufferArgs {
 };
 
 /// One tensor of PutTensors / TensorData / RunResult / an inline RunGraph input.
+/// A co-location hint (schemas/genie.fbs Colocation): the tensor's group and the group's
+/// resident bytes on the node.
+struct ColocationArgs {
+  std::string group{};  // 1..kMaxColocationGroupBytes bytes
+  uint64_t bytes = 0;
+};
+inline constexpr size_t kMaxColocationGroupBytes = 256;
+
 struct TensorSlotArgs {
   Handle handle{};  // {0,0} only where the message allows it (RunResult, inline inputs)
   TensorDescArgs desc{};
   Residency residency = Residency::EphemeralActivation;
   uint64_t payload_offset = 0;  // bytes; a multiple of kPayloadAlignment (see PayloadLayout)
   std::optional<RemoteBufferArgs> remote{};  // set: bytes move by RMA, not in the payload
+  std::optional<ColocationArgs> colocation{};  // PutTensors only
 };
 
 /// Lays tensors out in a payload in order, each at the next kPayloadAlignment offset.
@@ -293,6 +302,12 @@ struct StatsArgs {
   uint64_t peer_bytes_sent = 0;      // bytes (headers + payloads) sent to other nodes (SendTensors)
   uint64_t peer_bytes_received = 0;  // bytes received from other nodes on attached connections
   uint64_t peer_transfers = 0;       // SendTensors served plus PutTensors received from other nodes
+  struct Colocated {
+    std::string group;
+    uint64_t bytes = 0;     // admitted with
+    uint64_t resident = 0;  // held now
+  };
+  std::vector<Colocated> colocation{};  // the asking session's co-location groups
 };
 
 /// SendTensors: tensors of the requesting session go to session `peer_session` on node `peer`.
@@ -320,6 +335,7 @@ struct OutputSpecArgs {
   OutputAction action = OutputAction::Return;
   Handle handle{};  // required for KeepResident / ReturnAndKeep / KeepAndDescribe
   Residency residency = Residency::EphemeralActivation;
+  std::optional<ColocationArgs> colocation{};  // a kept value's group
 };
 struct RunGraphArgs {
   GraphId graph_id{};

@@ -614,6 +614,8 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
   for (const ValuePtr& v : returned) wanted.push_back(v.get());
   for (const ValuePtr& v : described) wanted.push_back(v.get());
   cut.taken = recording.takePending();
+  cut.colocation_group = recording.colocation_group;
+  cut.colocation_bytes = recording.colocation_bytes;
   try {
     cut.nodes = liveNodes(cut.taken, wanted);
     std::vector<ValuePtr> extra;

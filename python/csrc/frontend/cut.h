@@ -167,6 +167,8 @@ struct Cut {
   std::vector<ValuePtr> spec_values;  // the value of each spec
   std::vector<ValuePtr> kept;         // the values that get a handle (spec order)
   std::vector<wire::Handle> frees;
+  std::string colocation_group;  // the recording's at the cut: its KV-cache outputs' group ("": none)
+  uint64_t colocation_bytes = 0;
 };
 
 /// Step 2 on a cut: output specs of the values `value_ids` get residency STATEFUL_KV_CACHE.

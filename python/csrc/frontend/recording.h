@@ -65,6 +65,10 @@ class Recording final : public c10::intrusive_ptr_target {
   int64_t max_pending = 20000;
   int64_t cache_write_grace = 64;
   bool connected = false;
+  /// The co-location group (schemas/genie.fbs Colocation) of what the scheduler placed on this
+  /// device: its KV caches carry it in their output specs (genie.placed sets it; "": none).
+  std::string colocation_group;
+  uint64_t colocation_bytes = 0;
   /// The node runs the CPU's kernels (its Welcome names device "cpu"): the CPU probe's answers
   /// are then the node's own, "not implemented for" and nondeterminism alerts included
   /// (eager_checks.h). Set by genie.connection at connect; read without the lock.

@@ -20,6 +20,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -352,8 +353,8 @@ Values), `writes` (the Storages it mutates), `seq` (program order). Immutable.)d
         return py::tuple(out);
       }, "The weight handles its graph binds itself.")
       .def_property_readonly("nodes", [](const Cut& c) { return c.nodes; }, "The nodes that run, in order.")
-      .def_property_readonly("needs_kv_analysis", [](const Cut& c) { return !c.prepared.kv_cache.has_value(); },
-                             "Its structure's KV-cache values are not known yet (Recording.set_kv_cache).")
+      .def_property_readonly("needs_residency", [](const Cut& c) { return !c.prepared.residency.has_value(); },
+                             "Its structure's semantic residency is not known yet (Recording.set_residency).")
       .def("value_id", [](const Cut& c, const ValuePtr& v) -> py::object {
         try {
           return py::int_(c.lowered.idOf(v.get()));
@@ -466,14 +467,21 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
          "why the part cannot stand alone (an output aliases an input, an op writes an input before since_seq or also "
          "another tensor, a value read is neither an input nor made by the part). The ops stay pending. `name`: the "
          "Graph's name (genie.compile: the compile mode).")
-      .def("set_kv_cache", [](Recording& r, Cut& cut, std::vector<uint32_t> value_ids) {
-        std::sort(value_ids.begin(), value_ids.end());
-        r.graphs().rememberKvCache(cut.lowered, value_ids);
-        cut.prepared.kv_cache = value_ids;
-        frontend::markKvCache(cut, value_ids);
-      }, py::arg("cut"), py::arg("value_ids"),
-           "The KV-cache values of the cut's structure (wire value ids, genie.semantics' KV-cache pattern): "
-           "their output specs get residency StatefulKvCache, here and in every later cut of that structure.")
+      .def("set_residency", [](Recording& r, Cut& cut, const std::map<uint32_t, int>& classes) {
+        std::vector<std::pair<uint32_t, uint8_t>> sorted;  // std::map: ascending ids
+        for (const auto& [id, cls] : classes) {
+          if (cls < frontend::kActivation || cls > frontend::kGradient) {
+            throw py::value_error("set_residency: class " + std::to_string(cls) + " of value " + std::to_string(id) +
+                                  " is not 0..3");
+          }
+          sorted.emplace_back(id, static_cast<uint8_t>(cls));
+        }
+        r.graphs().rememberResidency(cut.lowered, sorted);
+        cut.prepared.residency = sorted;
+        frontend::markResidency(cut, sorted);
+      }, py::arg("cut"), py::arg("classes"),
+           "The semantic residency of the cut's structure, {wire value id: class} (genie.semantics: 2 KV cache, "
+           "3 gradient): the output specs of those values get it, here and in every later cut of the structure.")
       .def("registered", [](Recording& r, Cut& cut, py::bytes graph_id) {
         cut.prepared.graph_id = idOf<wire::GraphId>(graph_id, "registered");
         r.graphs().remember(cut.lowered, cut.prepared.lifted, *cut.prepared.graph_id);

@@ -22,21 +22,21 @@ from .lazy import LazyTensor
 _device.register()
 
 
-def _kv_cache_ids(cut, outputs) -> list[int]:
-    """The KV caches of a graph structure's first cut (genie.runtime.set_kv_cache_analysis). An
-    analysis that fails marks nothing, with a warning: residency is an annotation, never a
-    reason for the program to fail."""
-    from .semantics.recorded import kv_cache_ids  # not at import: loaded by the first new graph
+def _residency_ids(cut, outputs) -> dict[int, int]:
+    """The KV caches and gradients of a graph structure's first cut (genie.runtime.
+    set_residency_analysis). An analysis that fails marks nothing, with a warning: residency is
+    an annotation, never a reason for the program to fail."""
+    from .semantics.recorded import residency_ids  # not at import: loaded by the first new graph
     try:
-        return kv_cache_ids(cut, outputs)
+        return residency_ids(cut, outputs)
     except Exception as error:  # noqa: BLE001 - see the docstring
         import warnings
-        warnings.warn(f"genie: the KV-cache analysis of a graph failed ({type(error).__name__}: {error}); "
+        warnings.warn(f"genie: the residency analysis of a graph failed ({type(error).__name__}: {error}); "
                       "its values keep residency EphemeralActivation", RuntimeWarning, stacklevel=2)
-        return []
+        return {}
 
 
-_runtime.set_kv_cache_analysis(_kv_cache_ids)
+_runtime.set_residency_analysis(_residency_ids)
 
 
 def compile_stats() -> dict:

@@ -6,8 +6,8 @@ kept by the C++ recorder). This layer is the C++ client's only user; it holds th
 
 - Requests. A materialization is one request: `_execute(returned, described)` takes a *cut*
   (the passes of python/csrc/frontend/cut.h: the live pending nodes, lowering, scalar lifting,
-  output specs and frees), marks its KV caches (residency StatefulKvCache, as the KV-cache
-  pattern of genie.semantics finds them in a structure's first cut: `set_kv_cache_analysis`),
+  output specs and frees), marks its KV caches and gradients (residency StatefulKvCache and
+  Gradient, as genie.semantics finds them in a structure's first cut: `set_residency_analysis`),
   registers its graph once per structure, and runs it with RunGraph. Outputs the program still holds stay resident under fresh 128-bit
   handles; only `returned` values' bytes come back.
 - Asynchronous runs. When the pending graph passes `async_chunk` nodes (the recorder calls
@@ -125,8 +125,8 @@ class Runtime(Connection, Uploads, RngOps):
         except GenieError as error:  # a lost input: what was pending is lost with it
             self.recording.discard_pending(error)
             raise
-        if cut.needs_kv_analysis and _kv_cache_analysis is not None:
-            self.recording.set_kv_cache(cut, _kv_cache_analysis(cut, list(returned) + list(cut.kept)))
+        if cut.needs_residency and _residency_analysis is not None:
+            self.recording.set_residency(cut, _residency_analysis(cut, list(returned) + list(cut.kept)))
         if _cut_observer is not None:
             _cut_observer(self.device, cut.nodes, list(returned) + list(cut.kept))
         if cut.graph_id is None:
@@ -378,18 +378,18 @@ def set_cut_observer(observer) -> None:
     _cut_observer = observer
 
 
-# Called as f(cut, outputs) -> wire value ids with a structure's first cut: its KV caches
-# (genie.semantics.recorded.kv_cache_ids, installed by `import genie`).
-_kv_cache_analysis = None
+# Called as f(cut, outputs) -> {wire value id: residency class} with a structure's first cut:
+# its KV caches and gradients (genie.semantics.recorded.residency_ids, installed by `import genie`).
+_residency_analysis = None
 
 
-def set_kv_cache_analysis(analysis) -> None:
+def set_residency_analysis(analysis) -> None:
     """Makes every runtime call `analysis(cut, outputs)` (the cut and the Values that leave it)
-    with the first cut of each graph structure; the wire value ids it returns get residency
-    StatefulKvCache in that cut and every later one of the structure (no call then). None: no
-    value is marked. It runs under the process lock; what it raises is the step's."""
-    global _kv_cache_analysis
-    _kv_cache_analysis = analysis
+    with the first cut of each graph structure; the {wire value id: class} it returns are the
+    residency of those values in that cut and every later one of the structure (no call then).
+    None: no value is marked. It runs under the process lock; what it raises is the step's."""
+    global _residency_analysis
+    _residency_analysis = analysis
 
 
 @locked

@@ -222,3 +222,32 @@ def test_rng_state_round_trip():
     assert host_state.dtype == torch.uint8 and host_state.numel() > 0
     torch.remote_accelerator.set_rng_state(host_state)
     assert torch.equal(torch.rand(5, device=DEV).cpu(), first.cpu())
+
+
+def test_gradients_are_resident_as_gradients_on_the_node():
+    # The backward region's values travel with residency Gradient (genie.semantics' residency,
+    # once per graph structure): the node counts exactly the parameters' gradients under that
+    # class, the weights (updated in place by the optimizer) stay weights.
+    import genie
+
+    def resident() -> dict:
+        return genie.memory_stats(DEV)["resident"]
+
+    before = resident()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEV)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16).to(DEV), torch.randint(0, 4, (8,)).to(DEV)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        now = resident()
+        assert now["Gradient"] - before["Gradient"] == nbytes  # every .grad, nothing else
+        assert now["PersistentWeight"] - before["PersistentWeight"] == nbytes
+    del model, optimizer, loss
+    torch.remote_accelerator.synchronize()
+    assert resident()["Gradient"] == before["Gradient"]
+    assert resident()["PersistentWeight"] == before["PersistentWeight"]

@@ -563,14 +563,12 @@ GraphCache::Prepared GraphCache::prepare(const Lowered& lowered) {
   }
   auto found = family.ids.find(p.lifted);
   if (found != family.ids.end()) p.graph_id = found->second;
-  p.kv_cache = family.kv_cache;
+  p.residency = family.residency;
   return p;
 }
 
-void GraphCache::rememberKvCache(const Lowered& lowered, std::vector<uint32_t> value_ids) {
-  std::sort(value_ids.begin(), value_ids.end());
-  value_ids.erase(std::unique(value_ids.begin(), value_ids.end()), value_ids.end());
-  familyOf(lowered).kv_cache = std::move(value_ids);
+void GraphCache::rememberResidency(const Lowered& lowered, std::vector<std::pair<uint32_t, uint8_t>> classes) {
+  familyOf(lowered).residency = std::move(classes);
 }
 
 void GraphCache::remember(const Lowered& lowered, const std::vector<uint32_t>& lifted, const wire::GraphId& graph_id) {
@@ -652,14 +650,16 @@ Cut takeCut(Recording& recording, const std::vector<ValuePtr>& returned, const s
       }
     }
   }
-  if (cut.prepared.kv_cache) markKvCache(cut, *cut.prepared.kv_cache);
+  if (cut.prepared.residency) markResidency(cut, *cut.prepared.residency);
   return cut;
 }
 
-void markKvCache(Cut& cut, const std::vector<uint32_t>& value_ids) {
-  if (value_ids.empty()) return;
+void markResidency(Cut& cut, const std::vector<std::pair<uint32_t, uint8_t>>& classes) {
+  if (classes.empty()) return;
   for (OutputRow& row : cut.specs) {
-    if (std::binary_search(value_ids.begin(), value_ids.end(), row.value_id)) row.residency = kKvCache;
+    auto it = std::lower_bound(classes.begin(), classes.end(), row.value_id,
+                               [](const std::pair<uint32_t, uint8_t>& c, uint32_t id) { return c.first < id; });
+    if (it != classes.end() && it->first == row.value_id) row.residency = it->second;
   }
 }
 

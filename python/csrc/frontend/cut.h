@@ -6,10 +6,10 @@
 //      it writes a storage that a live tensor aliases or that a later kept node reads (a write
 //      through a view that died before the read: `seq[:, :n] = ids; seq.clone()`, as
 //      HuggingFace's beam search does). Dead work is dropped.
-//   2. (after lowering) KV-cache residency: the values genie.semantics' KV-cache pattern found
-//      in the first cut of a structure (its wire value ids, kept per structure: Python runs the
-//      pattern on a structure's first cut, GraphCache::rememberKvCache) get residency
-//      STATEFUL_KV_CACHE in this cut's output specs (semantic annotation, no Python per step).
+//   2. (after lowering) semantic residency: the classes genie.semantics gave the values of the
+//      first cut of a structure (KV caches by the KV-cache pattern, gradients by the backward
+//      region: wire value id -> class, kept per structure: Python analyses a structure's first
+//      cut, GraphCache::rememberResidency) go into this cut's output specs (no Python per step).
 //   3. lowering (lower): wire value numbering (graph inputs 0..n-1, then each node's outputs in
 //      order), the inputs (weights bound into the graph by handle, other resident values bound
 //      per run, 0-dim host tensors inline), and the structural key: the graph with its liftable
@@ -116,13 +116,15 @@ class GraphCache {
     std::vector<uint32_t> lifted;                 // positions that travel as scalars, ascending
     std::vector<std::pair<uint32_t, Number>> scalars;  // (slot, value) to bind
     std::optional<wire::GraphId> graph_id;        // nullopt: register encodeGraph(..., lifted) first
-    /// The structure's KV-cache values (wire value ids, ascending); nullopt: not analysed yet.
-    std::optional<std::vector<uint32_t>> kv_cache;
+    /// The structure's semantic residency ((wire value id, class), ids ascending); nullopt: not
+    /// analysed yet.
+    std::optional<std::vector<std::pair<uint32_t, uint8_t>>> residency;
   };
   Prepared prepare(const Lowered& lowered);
   void remember(const Lowered& lowered, const std::vector<uint32_t>& lifted, const wire::GraphId& graph_id);
-  /// Step 2: the KV-cache values of `lowered`'s structure (wire value ids), for its later cuts.
-  void rememberKvCache(const Lowered& lowered, std::vector<uint32_t> value_ids);
+  /// Step 2: the semantic residency of `lowered`'s structure ((wire value id, class), ids
+  /// ascending), for its later cuts.
+  void rememberResidency(const Lowered& lowered, std::vector<std::pair<uint32_t, uint8_t>> classes);
   void clear();
   size_t size() const;
 
@@ -131,7 +133,7 @@ class GraphCache {
     std::vector<Number> base;
     std::vector<bool> lifted;
     std::map<std::vector<uint32_t>, wire::GraphId> ids;
-    std::optional<std::vector<uint32_t>> kv_cache;
+    std::optional<std::vector<std::pair<uint32_t, uint8_t>>> residency;
   };
   struct KeyHash {
     size_t operator()(const std::vector<int64_t>& k) const;
@@ -171,8 +173,9 @@ struct Cut {
   uint64_t colocation_bytes = 0;
 };
 
-/// Step 2 on a cut: output specs of the values `value_ids` get residency STATEFUL_KV_CACHE.
-void markKvCache(Cut& cut, const std::vector<uint32_t>& value_ids);
+/// Step 2 on a cut: each output spec of a value in `classes` ((wire value id, class), ids
+/// ascending) gets that residency class.
+void markResidency(Cut& cut, const std::vector<std::pair<uint32_t, uint8_t>>& classes);
 
 /// Steps 1-5 on `recording`'s pending graph (taken out of it). `returned`: values read back;
 /// `described`: values kept resident whose descriptors come back. Call drainDead first.

@@ -9,10 +9,12 @@ Rules, in order (seed 000 §4.3's phases; the prefill/decode split read from sha
    - backward: a `*_backward*` op (`convolution_backward`, `_softmax_backward_data`,
      `threshold_backward`, ...), a node reading an incoming gradient (a "gradient"-kind input,
      AOTAutograd's `tangents_*`), or the autograd seed (`ones_like`/`full_like` of a 0-dim
-     reduction result, the loss); and every node reading a value a backward node made. A
+     reduction result, the loss); and every node reading a value a backward node made, except
+     the optimizer's updates below (so the next step's forward, recorded in the same graph as
+     this step's update, reads updated weights, not gradients). A
      graph built with ``backward=True`` (AOTAutograd's backward graph) is backward throughout.
    - optimizer: an in-place write into a weight (`sub_`, `add_`, `addcdiv_`, `copy_`, ... whose
-     written tensor is a parameter), a `_foreach_*` op writing tensors or a `_fused_adam*` /
+     written tensor is a parameter, or a parameter already updated in place in the graph), a `_foreach_*` op writing tensors or a `_fused_adam*` /
      `_fused_sgd*` op; and, walking back, every node whose outputs only such nodes read
      (the learning-rate scaling of a gradient).
    - forward: the rest.
@@ -60,24 +62,33 @@ def _is_seed(graph: SemGraph, n) -> bool:
     return graph.nodes[v.producer].base in _LOSS_OPS
 
 
-def _is_optimizer_op(graph: SemGraph, n) -> bool:
-    if n.base.startswith(_OPTIMIZER_PREFIXES):
-        return True
-    if n.base.startswith("aten::_foreach_") and n.writes:
-        return True
-    return any(graph.values[graph.origin(w)].kind == "weight" for w in n.writes)
+def _optimizer_ops(graph: SemGraph) -> list[bool]:
+    """Per node: an optimizer update (rule 1): a fused optimizer op, a `_foreach_*` op that
+    writes, or an in-place write into a weight, also one already updated in place in this
+    graph (AdamW's decay `p.mul_` then `p.addcdiv_`)."""
+    updated: set[int] = set()  # values that are a weight after in-place updates
+    out = []
+    for n in graph.nodes:
+        opt = (n.base.startswith(_OPTIMIZER_PREFIXES) or (n.base.startswith("aten::_foreach_") and bool(n.writes))
+               or any(graph.values[o].kind == "weight" or o in updated for o in map(graph.origin, n.writes)))
+        if opt:
+            updated.update(n.outputs)
+        out.append(opt)
+    return out
 
 
 def regions(graph: SemGraph) -> tuple[str, ...]:
     """"forward", "backward" or "optimizer" for every node (rule 1 of the module docstring)."""
     region = ["backward" if graph.backward else "forward"] * len(graph.nodes)
+    opt = _optimizer_ops(graph)
     if not graph.backward:
         grad_values: set[int] = {vid for vid, v in graph.values.items() if v.kind == "gradient"}
         for n in graph.nodes:
+            if opt[n.index]:  # an update reads gradients; what it writes (the weights) is not one
+                continue
             if (_is_backward_op(n.base) or _is_seed(graph, n) or any(i in grad_values for i in n.inputs)):
                 region[n.index] = "backward"
                 grad_values.update(n.outputs)
-    opt = [_is_optimizer_op(graph, n) for n in graph.nodes]
     outputs = set(graph.outputs)
     for n in reversed(graph.nodes):  # nodes only optimizer nodes read
         if opt[n.index] or not n.outputs or any(o in outputs for o in n.outputs):

@@ -11,8 +11,8 @@
   analysis treats it as a scalar. An op writes the inputs whose storage is among its `writes`.
   Every value no node of the list makes is an input: a cut's resident values, or values an
   earlier part of the program made.
-- `kv_cache_ids(cut, outputs)`: the KV caches of a cut, as the runtime marks them on the wire
-  (the KV-cache pattern in place of a pass of the recorder's own).
+- `residency_ids(cut, outputs)`: the KV caches and gradients of a cut, as the runtime marks
+  them on the wire (the analysis in place of a pass of the recorder's own).
 - `StepLog`: installed with `observe(log)`, it receives every cut a runtime sends (each step
   of a program: a `generate()` step is one cut, read at its token) and keeps the analysis of
   each (`analyze`, cached by structure then by shapes), in order.
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from .cache import Annotated, analyze
 from .graph import SemGraph
 from .patterns import AttentionPattern, KVCachePattern
+from .phases import regions
+from .residency import CLASSES, assign
 
 _WEIGHT, _KV_CACHE = 1, 2  # genie.graph residency classes
 _KV, _ATTENTION = KVCachePattern(), AttentionPattern()
@@ -84,7 +86,7 @@ def _built(nodes, outputs) -> tuple[SemGraph, dict]:
                         continue
                     inputs.append(vid(x))
                     names.append(arg.name)
-                    if x.storage in written and x not in made:
+                    if x.storage in written:
                         writes.append(inputs[-1])
             elif value is not None and not hasattr(value, "shape"):
                 attrs[arg.name] = value
@@ -94,28 +96,32 @@ def _built(nodes, outputs) -> tuple[SemGraph, dict]:
     return SemGraph.from_nodes(records, values, [ids[v] for v in outputs if v in ids]), ids
 
 
-def kv_cache_ids(cut, outputs) -> list[int]:
-    """The wire value ids of the KV caches in a runtime's `cut` (genie._C.Cut): every value of
-    its graph on the storage of a cache the KV-cache pattern finds (the carried or created
-    `key_cache`/`value_cache` of each match, and the outputs of its write ops: the cache after
-    this step's append). `outputs`: the Values the cut returns or keeps. The runtime gives them
-    residency StatefulKvCache on the wire, in this cut and in every later cut of its structure
-    (Recording.set_kv_cache). Empty when the graph has no attention or no cache write, which
-    the patterns' op sets tell before any matching."""
-    nodes = cut.nodes
-    names = {n.name for n in nodes}
-    if names.isdisjoint(_KV.ops) or names.isdisjoint(_ATTENTION.ops):
-        return []
-    graph, ids = _built(nodes, outputs)
-    caches: set[int] = set()
-    for match in _KV.match(graph):
-        caches.update(v for role, v in match.roles.items() if role in ("key_cache", "value_cache"))
-        for index in match.nodes:
-            caches.update(graph.nodes[index].outputs)
+def residency_ids(cut, outputs) -> dict[int, int]:
+    """The semantic residency of a runtime's `cut` (genie._C.Cut): {wire value id: class} for
+    the values of its graph that `residency.assign` (the rules explain uses) makes "kv_cache"
+    (2: the KV-cache pattern's caches and their appends) or "gradient" (3: what the backward
+    region makes), every value on such a value's storage included (views, in-place updates).
+    `outputs`: the Values the cut returns or keeps. The runtime puts these classes on the wire
+    in this cut and in every later cut of its structure (Recording.set_residency). Empty, with
+    nothing built, when the cut has neither an attention with a cache write nor a backward op
+    (the ops' names tell)."""
+    names = {n.name for n in cut.nodes}
+    kv = not names.isdisjoint(_KV.ops) and not names.isdisjoint(_ATTENTION.ops)
+    if not kv and not any("_backward" in name for name in names):
+        return {}
+    graph, ids = _built(cut.nodes, outputs)
+    classes = assign(graph, _KV.match(graph) if kv else [], regions(graph))
     value_of = {sid: v for v, sid in ids.items()}
-    storages = {value_of[sid].storage for sid in caches}
-    found = (cut.value_id(v) for v, sid in ids.items() if v.storage in storages)
-    return sorted({i for i in found if i is not None})
+    storage_class: dict = {}
+    for sid, name in classes.items():
+        if name in ("kv_cache", "gradient"):
+            storage_class.setdefault(value_of[sid].storage, CLASSES[name])
+    out = {}
+    for v in ids:
+        cls = storage_class.get(v.storage)
+        if cls is not None and (i := cut.value_id(v)) is not None:
+            out[i] = cls
+    return out
 
 
 @dataclass

@@ -39,6 +39,14 @@ def _residency_ids(cut, outputs) -> dict[int, int]:
 _runtime.set_residency_analysis(_residency_ids)
 
 
+def _defer(module) -> None:
+    from .placed import defer  # not at import: it loads the analysis and the scheduler
+    defer(module)
+
+
+_device._defer = _defer  # module.to("remote_accelerator") on a cluster (genie.device._module_to)
+
+
 def compile_stats() -> dict:
     """What `torch.compile(backend="genie")` did in this process: graphs, recompiles, graph
     breaks, and which engine ran each part (genie.compile.stats; docs/compile.md)."""

@@ -173,18 +173,22 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return stats["device_free"], stats["device_total"]
 
 
+def _node_count() -> int:
+    """The configured nodes (torch.remote_accelerator.device_count())."""
+    from . import _session
+    return len(_session.session().servers)
+
+
 def cluster_memory_allocated() -> int:
     """Bytes this session holds resident over all its nodes: `memory_allocated(i)` summed over
     every device (i < device_count()). No round trip; a node never used counts 0."""
-    from .device import device_count
-    return sum(memory_allocated(i) for i in range(device_count()))
+    return sum(memory_allocated(i) for i in range(_node_count()))
 
 
 def cluster_mem_get_info() -> tuple[int, int]:
     """(free, total) bytes of all the nodes' devices: `mem_get_info(i)` summed over every
     device (one request each; connects to each). Raises GenieConnectionError."""
-    from .device import device_count
-    infos = [mem_get_info(i) for i in range(device_count())]
+    infos = [mem_get_info(i) for i in range(_node_count())]
     return sum(free for free, _ in infos), sum(total for _, total in infos)
 
 

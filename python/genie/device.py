@@ -95,6 +95,12 @@ def _set_device(device) -> None:
 _torch_module_to = torch.nn.Module.to
 
 
+def _defer(module: torch.nn.Module) -> None:
+    """Puts a host module on the cluster (genie.placed.defer; installed by `import genie`,
+    the layer above the scheduler)."""
+    raise RuntimeError("genie: the cluster's placement is not installed (import genie)")
+
+
 def _module_to(self, *args, **kwargs):
     """`torch.nn.Module.to`, where `remote_accelerator` without an index means the cluster when
     this process has two or more nodes (`device_count() >= 2`): a module whose parameters and
@@ -111,8 +117,7 @@ def _module_to(self, *args, **kwargs):
         if dtype is not None or memory_format is not None:
             _torch_module_to(self, dtype=dtype, memory_format=memory_format)
         if deferred is None:
-            from .placed import defer
-            defer(self)
+            _defer(self)
         return self
     if device is not None and deferred is not None:
         deferred.cancel()  # to another device: off the cluster

@@ -211,10 +211,20 @@ Result<flatbuffers::DetachedBuffer> buildRunGraph(uint64_t request_id, const Run
     scalars.push_back(CreateScalarBinding(fbb, s.slot, type, value));
   }
   std::vector<flatbuffers::Offset<OutputSpec>> outputs;
+  // The specs of one group share one Colocation table (a decode step keeps every layer's
+  // cache in the same group: one table, an offset per spec).
+  std::vector<std::pair<const ColocationArgs*, flatbuffers::Offset<Colocation>>> colocations;
   for (const OutputSpecArgs& o : run.outputs) {
+    flatbuffers::Offset<Colocation> colocation = 0;
+    if (o.colocation) {
+      auto same = std::find_if(colocations.begin(), colocations.end(), [&](const auto& c) {
+        return c.first->group == o.colocation->group && c.first->bytes == o.colocation->bytes;
+      });
+      colocation = same != colocations.end() ? same->second : createColocation(fbb, o.colocation);
+      if (same == colocations.end()) colocations.emplace_back(&*o.colocation, colocation);
+    }
     outputs.push_back(CreateOutputSpec(fbb, o.value, o.action,
-                                       isNull(o.handle) ? nullptr : &o.handle, o.residency,
-                                       createColocation(fbb, o.colocation)));
+                                       isNull(o.handle) ? nullptr : &o.handle, o.residency, colocation));
   }
   auto free_vec = run.free.empty() ? 0 : createHandles(fbb, run.free);
   auto body = CreateRunGraph(fbb, &run.graph_id, fbb.CreateVector(inputs),

@@ -555,6 +555,35 @@ TEST(WireRoundTrip, RunGraph) {
   EXPECT_EQ(p->body_as_RunGraph()->free(), nullptr);
 }
 
+TEST(WireRoundTrip, RunGraphColocationIsSharedByItsSpecs) {
+  // A decode step keeps every layer's cache in one co-location group: one Colocation table for
+  // all of them, so each spec costs an offset, not a copy of the group's name.
+  auto step = [](int specs, bool colocated) {
+    RunGraphArgs run;
+    run.graph_id = GraphId(3, 4);
+    for (int i = 0; i < specs; ++i) {
+      OutputSpecArgs spec{static_cast<uint32_t>(i), OutputAction::KeepResident, handle(100 + i), Residency::StatefulKvCache};
+      if (colocated) spec.colocation = ColocationArgs{"GPT2LMHeadModel#7f3a2b1c4d50", 1u << 30};
+      run.outputs.push_back(spec);
+    }
+    auto buf = buildRunGraph(20, run);
+    EXPECT_TRUE(buf.isOk());
+    return std::move(buf.value());
+  };
+  auto shared = step(24, true);
+  const Message* m = mustVerify(shared);
+  ASSERT_NE(m, nullptr);
+  const auto* outputs = m->body_as_RunGraph()->outputs();
+  ASSERT_EQ(outputs->size(), 24u);
+  for (uint32_t i = 0; i < outputs->size(); ++i) {
+    ASSERT_NE(outputs->Get(i)->colocation(), nullptr);
+    EXPECT_EQ(stringOf(outputs->Get(i)->colocation()->group()), "GPT2LMHeadModel#7f3a2b1c4d50");
+    EXPECT_EQ(outputs->Get(i)->colocation()->bytes(), 1u << 30);
+    EXPECT_EQ(outputs->Get(i)->colocation(), outputs->Get(0)->colocation());  // one table
+  }
+  EXPECT_LE(shared.size(), step(24, false).size() + 24 * 8 + 64);
+}
+
 TEST(WireRoundTrip, NegativeZeroKeepsItsSign) {
   // FlatBuffers leaves out a field equal to its default, and -0.0 == 0.0: without
   // createDoubleValue a changed scalar of -0.0 arrived as +0.0 (1 / x then has the wrong sign).

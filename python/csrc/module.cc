@@ -525,8 +525,14 @@ class PyClient {
     return out;
   }
 
-  py::dict stats() {
-    auto s = withoutGil([&] { return live().stats(); });
+  py::dict stats(const py::list& part_graphs) {
+    std::vector<wire::GraphId> graphs;
+    for (size_t i = 0; i < part_graphs.size(); ++i) graphs.push_back(idOf<wire::GraphId>(part_graphs[i], at("stats: parts", i)));
+    if (graphs.size() > wire::kMaxStatsParts) {
+      throw py::value_error("stats: " + std::to_string(graphs.size()) + " parts, more than " +
+                            std::to_string(wire::kMaxStatsParts));
+    }
+    auto s = withoutGil([&] { return live().stats(graphs); });
     check(s);
     py::dict resident;
     for (const auto& [residency, bytes] : s->resident) resident[wire::EnumNameResidency(residency)] = bytes;
@@ -558,6 +564,20 @@ class PyClient {
       colocation[py::str(g.group)] = group;
     }
     out["colocation"] = colocation;
+    py::list parts;
+    for (const auto& p : s->parts) {
+      py::dict part;
+      part["graph"] = bytesOfId(p.graph_id);
+      part["inputs"] = p.inputs;
+      part["state"] = p.state;
+      part["package_calls"] = p.package_calls;
+      part["executor_calls"] = p.executor_calls;
+      part["build_s"] = static_cast<double>(p.build_us) / 1e6;
+      part["from_cache"] = p.from_cache;
+      part["reason"] = p.reason;
+      parts.append(part);
+    }
+    out["parts"] = parts;
     return out;
   }
 
@@ -855,15 +875,18 @@ take_async_failures(wait=True) -> list[tuple[int, GenieError]]
 The asynchronous runs that failed since the last call: (request id, the exception that run
 would have raised: GenieRemoteError naming the op, or GenieConnectionError). With wait, first
 waits until every run sent so far is answered (at most the request timeout).)doc")
-      .def("stats", &PyClient::stats, R"doc(
-stats() -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
+      .def("stats", &PyClient::stats, py::arg("parts") = py::list(), R"doc(
+stats(parts=[]) -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
 graphs_cached, ops_executed, bytes_in, bytes_out (bytes), memory_limit (bytes, 0 = none),
 uptime_us (µs), session_resident, device_free, device_total (bytes), package_calls,
 executor_calls, packages_built, packages_loaded, compile_failures (compiled parts),
 peer_bytes_sent, peer_bytes_received (bytes, headers and payloads, this node sent to and
 received from other nodes: send_tensors), peer_transfers (send_tensors this node served plus
 those it received), colocation ({group: {"bytes": admitted with, "resident": bytes now}}: this
-session's co-location groups).
+session's co-location groups), parts (one dict per compiled part of the graphs `parts` names,
+16-byte graph ids, at most 1024: graph, inputs, state "package" / "building" / "executor",
+package_calls, executor_calls, build_s (s; 0 when found in the node's cache), from_cache,
+reason (why the executor runs it)).
 )doc")
       .def("send_tensors", returning(&PyClient::sendTensors), py::arg("peer"), py::arg("auth_token"),
            py::arg("peer_session"), py::arg("handles"), py::arg("peer_handles"), R"doc(

@@ -25,7 +25,10 @@ ran during the call: those Dynamo compiled during it and those compiled before w
 the process. Each with its parts and where they run, why an op runs eagerly, the patterns and
 phase of its aten graphs (`genie.semantics` on the FX graphs the backend received, at compile
 time), the graph break that ended it and why, its captures (hits and misses over the call) and
-compile times (genie.compile.records.ran_since). `compiled_graph_breaks`: Dynamo's graph breaks
+compile times (genie.compile.records.ran_since); per node part, `node`: each captured
+geometry as its node runs it (its package, found in the node's cache or built in how long; the
+executor while the package is built, or why it runs there) with its calls per engine
+(Stats.parts). `compiled_graph_breaks`: Dynamo's graph breaks
 counted during the call (a break before anything was traced makes no graph, so no function);
 `compiled_nodes`: per device, the node's compiled-part counters over the call (package or
 executor runs, packages built (cache misses) and loaded; node-wide: other clients' too). The schedule is
@@ -316,10 +319,50 @@ def _add_compiled(report: Explanation, since, nodes_before: dict) -> None:
         since = Mark(0, {}, {})
     report.compiled = books.ran_since(since)
     report.compiled_graph_breaks = books.graph_breaks_since(since)
+    _add_part_facts(report)
     if report.compiled:
         for device, after in _node_counters(report.errors).items():
             before = nodes_before.get(device, dict.fromkeys(_NODE_COUNTERS, 0))
             report.compiled_nodes[device] = {k: after[k] - before[k] for k in _NODE_COUNTERS}
+
+
+def _add_part_facts(report: Explanation) -> None:
+    """Gives each node part of `report.compiled` its node's facts, `node`: one dict per captured
+    geometry (Stats.parts: `state` "package", "building" or "executor", `package_calls`,
+    `executor_calls` since the node first ran it, `build_s`, `from_cache`, `reason`), from one
+    Stats request per device. A node that cannot answer is left out, its error in `errors`."""
+    from . import runtime
+    wanted: dict[str, list[dict]] = {}
+    for f in report.compiled:
+        for g in f["graphs"]:
+            for p in g["parts"]:
+                if p["engine"] == "node" and p["graphs"]:
+                    wanted.setdefault(g["device"], []).append(p)
+    for device, parts in wanted.items():
+        graphs = list(dict.fromkeys(gid for p in parts for gid in p["graphs"]))[:1024]
+        try:
+            with runtime.lock:
+                facts = runtime.runtime_for(torch.device(device)).stats(graphs)["parts"]
+        except Exception as e:  # after the program ran: the section says so, its result stands
+            report.errors.append(f"compiled section: {device}'s part facts: {e}")
+            continue
+        by_graph: dict[str, list[dict]] = {}
+        for fact in facts:
+            fact = dict(fact, graph=fact["graph"].hex())
+            by_graph.setdefault(fact["graph"], []).append(fact)
+        for p in parts:
+            p["node"] = [fact for gid in p["graphs"] for fact in by_graph.get(gid, [])]
+
+
+def _part_fact(fact: dict) -> str:
+    """One captured geometry of a node part, as its node runs it (one line)."""
+    calls = f"{fact['package_calls']} call(s) by its package, {fact['executor_calls']} by the executor"
+    if fact["state"] == "package":
+        built = "found in the node's cache" if fact["from_cache"] else f"built in {fact['build_s']:.1f} s"
+        return f"package ({built}); {calls}"
+    if fact["state"] == "building":
+        return f"its package is being built, the executor runs it meanwhile; {calls}"
+    return f"executor ({fact['reason'] or 'no package'}); {calls}"
 
 
 def _compiled_lines(report: Explanation) -> list[str]:
@@ -349,6 +392,8 @@ def _compiled_lines(report: Explanation) -> list[str]:
                         counts += f" in {p['capture_s']:.3f} s"
                 lines.append(f"      {p['name']:<9} {p['engine']:<8} {p['ops']:>4} op(s)  {counts}")
                 lines.append(f"        on {p['where']}")
+                for fact in p.get("node", []):
+                    lines.append(f"        node: {_part_fact(fact)}")
                 if p["why"]:
                     lines.append(f"        why: {p['why']}")
         if f["graph_break"]:

@@ -310,8 +310,10 @@ class Runtime(Connection, Uploads, RngOps):
 
     # ---- information --------------------------------------------------------------------
 
-    def stats(self) -> dict:
-        return self._call("stats")
+    def stats(self, parts=()) -> dict:
+        """The node's Stats (genie._C.Client.stats); `parts`: graph ids (hex) of compiled parts
+        whose facts its "parts" list gives."""
+        return self._call("stats", [bytes.fromhex(g) for g in parts])
 
     def counters(self) -> dict:
         if self.client is None:

@@ -609,8 +609,8 @@ size_t Client::asyncInFlight() const {
   return impl_->async_in_flight;
 }
 
-Result<wire::StatsArgs> Client::stats() {
-  auto reply = impl_->call([](uint64_t id) { return wire::buildStatsRequest(id); });
+Result<wire::StatsArgs> Client::stats(std::span<const wire::GraphId> parts) {
+  auto reply = impl_->call([parts](uint64_t id) { return wire::buildStatsRequest(id, parts); });
   if (!reply) return reply.status();
   GENIE_RETURN_IF_ERROR(Impl::expect(*reply, wire::Body::Stats));
   const wire::Stats* s = reply->message()->body_as_Stats();
@@ -639,6 +639,19 @@ Result<wire::StatsArgs> Client::stats() {
   for (uint32_t i = 0; s->colocation() && i < s->colocation()->size(); ++i) {
     const wire::ColocationBytes* g = s->colocation()->Get(i);
     out.colocation.push_back({std::string(wire::stringOf(g->group())), g->bytes(), g->resident()});
+  }
+  for (uint32_t i = 0; s->parts() && i < s->parts()->size(); ++i) {
+    const wire::PartStats* p = s->parts()->Get(i);
+    wire::StatsArgs::Part part;
+    if (p->graph_id()) part.graph_id = *p->graph_id();
+    part.inputs = std::string(wire::stringOf(p->inputs()));
+    part.state = std::string(wire::stringOf(p->state()));
+    part.package_calls = p->package_calls();
+    part.executor_calls = p->executor_calls();
+    part.build_us = p->build_us();
+    part.from_cache = p->from_cache();
+    part.reason = std::string(wire::stringOf(p->reason()));
+    out.parts.push_back(std::move(part));
   }
   impl_->noteResident(out.session_resident);
   return out;

@@ -165,6 +165,10 @@ struct CompiledParts::Part {
   std::vector<std::string> input_descs;
   std::vector<int64_t> output_ids;
   enum class State { kQueued, kReady, kFailed } state = State::kQueued;  // under CompiledParts::mutex_
+  std::string reason;                  // kFailed: why the executor runs it; under mutex_
+  double build_s = 0;                  // the worker's build; under mutex_
+  bool from_cache = false;             // the package was in the cache; under mutex_
+  std::atomic<uint64_t> package_calls{0}, executor_calls{0};
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;      // set once, before kReady
   std::vector<OutputLayout> layouts;
   std::mutex run_mutex;
@@ -229,6 +233,7 @@ std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& g
     part->state = Part::State::kFailed;  // the executor runs it; nothing is kept
     return part;
   }
+  if (cache_dir_.empty()) part->reason = "compiling is off (--compile-engine executor, or no cache directory)";
   std::string signature = graph;
   for (const at::Tensor& t : inputs) {
     part->input_descs.push_back(describe(t));
@@ -292,6 +297,7 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
         }
       }
       package_calls_.fetch_add(1, std::memory_order_relaxed);
+      part->package_calls.fetch_add(1, std::memory_order_relaxed);
       return out;
     } catch (const std::exception& e) {
       failures_.fetch_add(1, std::memory_order_relaxed);
@@ -300,6 +306,8 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
       {
         std::lock_guard<std::mutex> lock(mutex_);
         part->state = Part::State::kFailed;
+        const std::string what = e.what();
+        part->reason = fmt::format("its package failed to run: {}", what.substr(0, what.find('\n')));
       }
       // A part that writes its inputs may have written some: running it again would apply
       // the writes twice. This call fails; the next one runs by the executor.
@@ -314,6 +322,27 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
   out.reserve(output_ids.size());
   for (int64_t v : output_ids) out.push_back(standalone((*values)[static_cast<size_t>(v)], inputs));
   executor_calls_.fetch_add(1, std::memory_order_relaxed);
+  part->executor_calls.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+std::vector<wire::StatsArgs::Part> CompiledParts::facts(std::span<const wire::GraphId> graphs) const {
+  std::vector<wire::StatsArgs::Part> out;
+  if (graphs.empty()) return out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [lookup, part] : parts_) {
+    if (std::none_of(graphs.begin(), graphs.end(), [&](const wire::GraphId& g) { return g == part->graph_id; })) continue;
+    wire::StatsArgs::Part f;
+    f.graph_id = part->graph_id;
+    f.inputs = fmt::format("{}", fmt::join(part->input_descs, "|"));
+    f.state = part->state == Part::State::kReady ? "package" : part->state == Part::State::kQueued ? "building" : "executor";
+    f.package_calls = part->package_calls.load(std::memory_order_relaxed);
+    f.executor_calls = part->executor_calls.load(std::memory_order_relaxed);
+    f.build_us = static_cast<uint64_t>(part->build_s * 1e6);
+    f.from_cache = part->from_cache;
+    f.reason = part->reason;
+    out.push_back(std::move(f));
+  }
   return out;
 }
 
@@ -440,7 +469,13 @@ void CompiledParts::build(Part& part) {
                      part.graph_hex, rc, seconds, rc < 0 ? "could not start " + config_.python : lastLine(stem + ".log"));
       std::lock_guard<std::mutex> lock(mutex_);
       part.state = Part::State::kFailed;
+      part.reason = fmt::format("the compile worker failed (exit {}): {}", rc,
+                                rc < 0 ? "could not start " + config_.python : lastLine(stem + ".log"));
       return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      part.build_s = seconds;
     }
     packages_built_.fetch_add(1, std::memory_order_relaxed);
     GENIE_LOG_INFO("compiled part {}: package {} built in {:.1f} s", part.graph_hex, part.key, seconds);
@@ -456,6 +491,7 @@ void CompiledParts::build(Part& part) {
     std::lock_guard<std::mutex> lock(mutex_);
     part.loader = std::move(loader);
     part.layouts = std::move(layouts);
+    part.from_cache = part.build_s == 0;
     part.state = Part::State::kReady;
   } catch (const std::exception& e) {
     failures_.fetch_add(1, std::memory_order_relaxed);
@@ -465,6 +501,7 @@ void CompiledParts::build(Part& part) {
     fs::remove(package, ec);
     std::lock_guard<std::mutex> lock(mutex_);
     part.state = Part::State::kFailed;
+    part.reason = fmt::format("its package failed to load: {}", what.substr(0, what.find('\n')));
   }
 }
 

@@ -33,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -67,6 +68,9 @@ class CompiledParts {
     uint64_t failures = 0;        // builds, loads or package runs that failed (logged)
   };
   Counts counts() const;
+  /// The parts of graphs `graphs` (every input geometry of each): which engine runs them and
+  /// why, their calls per engine, their build (schemas/genie.fbs PartStats).
+  std::vector<wire::StatsArgs::Part> facts(std::span<const wire::GraphId> graphs) const;
   const std::string& cacheDir() const { return cache_dir_; }
 
   /// The installed instance, or nullptr (genie::call_graph's kernel).

@@ -11,6 +11,7 @@
 #include <future>
 #include <optional>
 
+#include "compiled_parts.h"
 #include "genie/log.h"
 
 namespace genie::node {
@@ -308,6 +309,13 @@ void Session::handle(InboundMessage& message, const wire::Message& msg) {
       wire::StatsArgs stats = node.collectStats();
       stats.session_resident = node.memory.resident(memory);
       stats.colocation = tensors.colocation();
+      if (const auto* parts = msg.body_as_StatsRequest()->parts(); parts && parts->size() > 0) {
+        if (const CompiledParts* compiled = CompiledParts::current()) {
+          std::vector<wire::GraphId> graphs;
+          for (uint32_t i = 0; i < parts->size(); ++i) graphs.push_back(*parts->Get(i));
+          stats.parts = compiled->facts(graphs);
+        }
+      }
       return node.reply(*endpoint_, wire::buildStats(id, stats));
     }
     case wire::Body::SendTensors: return sendToPeer(id, *msg.body_as_SendTensors());

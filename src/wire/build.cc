@@ -271,9 +271,10 @@ flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count, uint64
   return finished(fbb, request_id, CreateAck(fbb, count, session_resident));
 }
 
-flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id) {
+flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id, std::span<const GraphId> parts) {
   flatbuffers::FlatBufferBuilder fbb;
-  return finished(fbb, request_id, CreateStatsRequest(fbb));
+  auto ids = parts.empty() ? 0 : fbb.CreateVectorOfStructs(parts.data(), parts.size());
+  return finished(fbb, request_id, CreateStatsRequest(fbb, ids));
 }
 
 flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) {
@@ -288,11 +289,21 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
     for (const auto& g : s.colocation) groups.push_back(CreateColocationBytes(fbb, createString(fbb, g.group), g.bytes, g.resident));
     colocation = fbb.CreateVector(groups);
   }
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<PartStats>>> parts = 0;
+  if (!s.parts.empty()) {
+    std::vector<flatbuffers::Offset<PartStats>> out;
+    for (const auto& p : s.parts) {
+      out.push_back(CreatePartStats(fbb, &p.graph_id, createString(fbb, p.inputs), createString(fbb, p.state),
+                                    p.package_calls, p.executor_calls, p.build_us, p.from_cache,
+                                    createString(fbb, p.reason)));
+    }
+    parts = fbb.CreateVector(out);
+  }
   auto body = CreateStats(fbb, s.sessions, fbb.CreateVector(resident), s.graphs_cached,
                           s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
                           s.session_resident, s.device_free, s.device_total, s.package_calls,
                           s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures,
-                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers, colocation);
+                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers, colocation, parts);
   return finished(fbb, request_id, body);
 }
 

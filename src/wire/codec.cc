@@ -606,7 +606,15 @@ Status checkBody(const Message& msg, const std::byte* header, size_t payload_byt
       return Status::ok();
     case Body::Stats: return checkStats(*msg.body_as_Stats(), p);
     case Body::SendTensors: return checkSendTensors(*msg.body_as_SendTensors(), p);
-    default: return Status::ok();  // Hello, Error, Ack, StatsRequest, Ping, Pong, Goodbye, Bench*
+    case Body::StatsRequest: {
+      const auto* parts = msg.body_as_StatsRequest()->parts();
+      if (parts && parts->size() > kMaxStatsParts) {
+        return GENIE_INVALID(Path(p, "parts"), "{} graph ids, more than {}", parts->size(),
+                             kMaxStatsParts);
+      }
+      return Status::ok();
+    }
+    default: return Status::ok();  // Hello, Error, Ack, Ping, Pong, Goodbye, Bench*
   }
 }
 

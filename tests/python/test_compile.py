@@ -417,8 +417,10 @@ _RESTART_PROGRAM = textwrap.dedent("""
             if (stats["package_calls"] if wait_for_package else calls) >= 3 or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
-    print(json.dumps({k: stats[k] for k in ("package_calls", "executor_calls", "packages_built", "packages_loaded",
-                                            "compile_failures")}))
+        (part,) = genie.explain(compiled, x.to("remote_accelerator:0")).compiled[0]["graphs"][0]["parts"]
+    out = {k: stats[k] for k in ("package_calls", "executor_calls", "packages_built", "packages_loaded",
+                                 "compile_failures")}
+    print(json.dumps(dict(out, part=part["node"])))
 """)
 
 
@@ -435,18 +437,27 @@ def test_a_node_restart_reuses_the_package_and_a_corrupted_one_falls_back(tmp_pa
     cache = tmp_path / "packages"
     built, _ = _run_restart_program(cache, "wait")  # a node builds the package
     assert built["packages_built"] == 1 and built["package_calls"] >= 1, built
+    # genie.explain names the engine per part: this part's package, built by the node just now.
+    (part,) = built["part"]
+    assert part["state"] == "package" and part["build_s"] > 0 and not part["from_cache"], part
+    assert part["package_calls"] >= 1 and "float32:2,4:" in part["inputs"], part
     assert (cache.stat().st_mode & 0o777) == 0o700
     packages = list(cache.glob("*.pt2"))
     assert len(packages) == 1
     # A new node (a new process) finds it on disk: no compile, run by the package.
     reused, _ = _run_restart_program(cache, "wait")
     assert reused["packages_built"] == 0 and reused["packages_loaded"] == 1 and reused["package_calls"] >= 1, reused
+    (part,) = reused["part"]
+    assert part["state"] == "package" and part["from_cache"] and part["build_s"] == 0, part
     # Corrupted: the load fails, the reason is logged, the part runs by the executor (and the
     # package is deleted, so that a later node builds it again).
     packages[0].write_bytes(b"not a zip archive" * 64)
     fallen, log = _run_restart_program(cache, "no-wait")
     assert fallen["compile_failures"] == 1 and fallen["package_calls"] == 0 and fallen["executor_calls"] >= 3, fallen
     assert "failed to load" in log and packages[0].name in log, log[-3000:]
+    (part,) = fallen["part"]
+    assert part["state"] == "executor" and part["reason"].startswith("its package failed to load"), part
+    assert part["package_calls"] == 0 and part["executor_calls"] >= 3, part
     assert not packages[0].exists()
 
 

@@ -73,6 +73,12 @@ def test_a_compiled_block_shows_its_node_part_its_patterns_and_cache_hits_when_e
     assert (part["calls"], part["hits"], part["captures"], part["total_captures"]) == (1, 1, 0, 1)
     node = again.compiled_nodes[DEV]
     assert node["package_calls"] + node["executor_calls"] == 1, node
+    # Its node's facts for the part: the one geometry captured, run once by its package or by the
+    # executor while the package is built (in the background: not waited for here).
+    (fact,) = part["node"]
+    assert fact["package_calls"] + fact["executor_calls"] == 1, fact
+    assert fact["state"] in ("package", "building") and fact["reason"] == "", fact
+    assert "        node: " in str(again)
     assert "Dynamo cache hit" in str(again) and "captured graph runs 1, new captures 0" in str(again)
     assert any(s.graph.op_counts().get("genie::call_graph") for s in again.steps)
     data = json.loads(json.dumps(again.to_dict()))

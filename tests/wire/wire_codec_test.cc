@@ -681,6 +681,13 @@ TEST(WireRoundTrip, StatsRequest) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->body_type(), Body::StatsRequest);
   EXPECT_NE(m->body_as_StatsRequest(), nullptr);
+  EXPECT_EQ(m->body_as_StatsRequest()->parts(), nullptr);
+  const GraphId parts[] = {GraphId(1, 2), GraphId(3, 4)};
+  auto with_parts = buildStatsRequest(23, parts);
+  const Message* w = mustVerify(with_parts);
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->body_as_StatsRequest()->parts()->size(), 2u);
+  EXPECT_TRUE(*w->body_as_StatsRequest()->parts()->Get(1) == GraphId(3, 4));
 }
 
 TEST(WireRoundTrip, Stats) {
@@ -696,6 +703,9 @@ TEST(WireRoundTrip, Stats) {
   s.peer_bytes_sent = 10;
   s.peer_bytes_received = 11;
   s.peer_transfers = 12;
+  s.colocation = {{"GPT2LMHeadModel#1", 4096, 1024}};
+  s.parts = {{GraphId(5, 6), "float32:2,4:4,1:0", "package", 13, 2, 31700000, false, ""},
+             {GraphId(5, 6), "float32:3,4:4,1:0", "executor", 0, 14, 0, false, "the compile worker failed (exit 1): x"}};
   auto m_buf = buildStats(23, s);
   const Message* m = mustVerify(m_buf);
   ASSERT_NE(m, nullptr);
@@ -713,6 +723,17 @@ TEST(WireRoundTrip, Stats) {
   EXPECT_EQ(r->peer_bytes_sent(), 10u);
   EXPECT_EQ(r->peer_bytes_received(), 11u);
   EXPECT_EQ(r->peer_transfers(), 12u);
+  ASSERT_EQ(r->colocation()->size(), 1u);
+  EXPECT_EQ(stringOf(r->colocation()->Get(0)->group()), "GPT2LMHeadModel#1");
+  EXPECT_EQ(r->colocation()->Get(0)->bytes(), 4096u);
+  EXPECT_EQ(r->colocation()->Get(0)->resident(), 1024u);
+  ASSERT_EQ(r->parts()->size(), 2u);
+  EXPECT_TRUE(*r->parts()->Get(0)->graph_id() == GraphId(5, 6));
+  EXPECT_EQ(stringOf(r->parts()->Get(0)->state()), "package");
+  EXPECT_EQ(r->parts()->Get(0)->package_calls(), 13u);
+  EXPECT_EQ(r->parts()->Get(0)->build_us(), 31700000u);
+  EXPECT_EQ(stringOf(r->parts()->Get(1)->reason()), "the compile worker failed (exit 1): x");
+  EXPECT_EQ(r->parts()->Get(1)->executor_calls(), 14u);
 }
 
 TEST(WireRoundTrip, SendTensors) {

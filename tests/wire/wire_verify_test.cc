@@ -779,6 +779,13 @@ TEST(WireVerifySemantics, HelloAttachSessionIsOptional) {
   expectValid(buildHello(1, "a", "b", 1, kProtocolVersion, handle(5)));
 }
 
+TEST(WireVerifySemantics, StatsRequestPartsAreBounded) {
+  std::vector<GraphId> ids(kMaxStatsParts, GraphId(1, 2));
+  expectValid(buildStatsRequest(1, ids));
+  ids.emplace_back(3, 4);
+  expectInvalid(buildStatsRequest(1, ids), 0, "StatsRequest.parts: 1025 graph ids, more than 1024");
+}
+
 TEST(WireVerifySemantics, StatsResidency) {
   StatsArgs s;
   s.resident = {{Residency::Gradient, 1}, {static_cast<Residency>(7), 2}};

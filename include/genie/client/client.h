@@ -161,7 +161,9 @@ class Client {
   std::vector<AsyncFailure> takeAsyncFailures(bool wait);
   /// Asynchronous runs sent and not answered yet (any thread).
   size_t asyncInFlight() const;
-  Result<wire::StatsArgs> stats();
+  /// `parts`: graph ids of compiled parts whose facts StatsArgs::parts should hold (at most
+  /// wire::kMaxStatsParts).
+  Result<wire::StatsArgs> stats(std::span<const wire::GraphId> parts = {});
   Status ping();
   /// Node to node (SendTensors): the node sends the tensors `handles` of this session straight
   /// to session `peer_session` (that session's sessionId()) of the node at `peer` ("host:port",

@@ -308,7 +308,19 @@ struct StatsArgs {
     uint64_t resident = 0;  // held now
   };
   std::vector<Colocated> colocation{};  // the asking session's co-location groups
+  struct Part {  // schemas/genie.fbs PartStats
+    GraphId graph_id{};
+    std::string inputs;
+    std::string state;  // "package", "building", "executor"
+    uint64_t package_calls = 0;
+    uint64_t executor_calls = 0;
+    uint64_t build_us = 0;
+    bool from_cache = false;
+    std::string reason;
+  };
+  std::vector<Part> parts{};  // the parts of the graphs the request named
 };
+inline constexpr size_t kMaxStatsParts = 1024;  // StatsRequest.parts
 
 /// SendTensors: tensors of the requesting session go to session `peer_session` on node `peer`.
 struct SendTensorsArgs {
@@ -386,7 +398,8 @@ flatbuffers::DetachedBuffer buildError(uint64_t request_id, const Status& status
 /// `session_resident`: the bytes the session holds resident after the request (Ack and
 /// RunResult carry it, so the client knows its use without asking).
 flatbuffers::DetachedBuffer buildAck(uint64_t request_id, uint32_t count, uint64_t session_resident = 0);
-flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id);
+/// `parts`: graph ids of compiled parts whose facts the Stats should give (at most kMaxStatsParts).
+flatbuffers::DetachedBuffer buildStatsRequest(uint64_t request_id, std::span<const GraphId> parts = {});
 flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& stats);
 flatbuffers::DetachedBuffer buildPing(uint64_t request_id, uint64_t timestamp_ns);
 flatbuffers::DetachedBuffer buildPong(uint64_t request_id, uint64_t timestamp_ns);

@@ -193,6 +193,7 @@ class ExecutorPart(torch.nn.Module):
                 self.captures[key] = captured
                 self.part.engine = "node"
                 self.part.captures += 1
+                self.part.graphs.append(captured.graph)
             self.part.capture_s += time.perf_counter() - started
         return out
 

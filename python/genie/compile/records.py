@@ -29,7 +29,9 @@ class Part:
     geometry captured, a recorded run), `captures` (argument geometries captured and registered
     on the node: the part's cache misses; `calls - slow_calls` are its hits), `capture_s`
     (seconds spent in the calls that captured or tried to: running the FX graph on LazyTensors,
-    the capture and the RegisterGraph round trip)."""
+    the capture and the RegisterGraph round trip); `graphs`: the graph ids (hex) of its
+    captures, one per geometry, which name it on its node (Stats.parts: the engine that runs
+    each, its build)."""
 
     name: str
     engine: str
@@ -39,6 +41,7 @@ class Part:
     slow_calls: int = 0
     captures: int = 0
     capture_s: float = 0.0
+    graphs: list[str] = field(default_factory=list)
 
     def counters(self) -> tuple[int, int, int, float]:
         return self.calls, self.slow_calls, self.captures, self.capture_s
@@ -182,7 +185,8 @@ def ran_since(functions: list[CompiledFunction], since: Mark) -> list[dict]:
     plain data: the function's fields (`compiled_now`: compiled in the window, else a Dynamo
     cache hit) and per aten graph its kind, phase, patterns and parts with the window's
     `calls`, `hits` (calls that ran a captured graph), `captures` and `capture_s`, besides
-    the totals since the part was made (`total_calls`, `total_captures`)."""
+    the totals since the part was made (`total_calls`, `total_captures`) and its captures'
+    graph ids (`graphs`, hex)."""
     out = []
     for function in functions:
         compiled_now = function.index >= since.functions
@@ -196,7 +200,7 @@ def ran_since(functions: list[CompiledFunction], since: Mark) -> list[dict]:
                 parts.append({"name": p.name, "engine": p.engine, "where": _where(p, g, function), "why": p.why,
                               "ops": len(p.ops), "calls": calls, "hits": calls - slow if p.engine == "node" else 0,
                               "captures": p.captures - captures0, "capture_s": p.capture_s - capture_s0,
-                              "total_calls": p.calls, "total_captures": p.captures})
+                              "total_calls": p.calls, "total_captures": p.captures, "graphs": list(p.graphs)})
             graphs.append({"kind": g.kind, "compile_id": g.compile_id, "device": g.device, "phase": g.phase,
                            "patterns": dict(g.patterns), "analysis_error": g.analysis_error,
                            "compile_s": g.compile_s, "analysis_s": g.analysis_s, "parts": parts})

@@ -442,7 +442,10 @@ def defer(model: torch.nn.Module, goal: str = "latency") -> Deferred:
     deferred = model.__dict__.get(_DEFERRED)
     if deferred is None:
         deferred = Deferred(model, goal, torch.device(_DEVICE, torch.remote_accelerator.current_device()))
-        deferred._hook = model.register_forward_pre_hook(deferred._first_call, with_kwargs=True)
+        # Under torch.compile the hook runs outside Dynamo's trace (a graph break): placing
+        # traces the model itself, and the placed model is then compiled anew, block by block.
+        first_call = torch.compiler.disable(deferred._first_call, recursive=True)
+        deferred._hook = model.register_forward_pre_hook(first_call, with_kwargs=True)
         model.__dict__[_DEFERRED] = deferred
     return deferred
 

@@ -122,3 +122,25 @@ def test_with_one_node_to_remote_accelerator_uploads_to_the_current_device(one_n
         tokens = model.generate(ids.to("remote_accelerator"), max_new_tokens=8, do_sample=False)
         expected = reference.generate(ids, max_new_tokens=8, do_sample=False)
     assert tokens.cpu().tolist() == expected.tolist()
+
+
+@pytest.mark.limit(LIMIT)
+def test_a_compiled_model_on_the_cluster_runs_its_parts_on_the_nodes_the_scheduler_chose(cluster):
+    # torch.compile of a model on the cluster: its first call places it (outside Dynamo's trace),
+    # then Dynamo compiles it block by block (the placement's moves between nodes are graph
+    # breaks), and each block's part is captured on the node the scheduler put it on.
+    model, reference = _gpt2(seed=5)
+    ids = _ids(5)
+    model.to("remote_accelerator")
+    compiled = torch.compile(model, backend="genie", dynamic=False)
+    first = len(genie.compile_stats()["graphs"])
+    with torch.no_grad():
+        for _ in range(2):
+            logits = compiled(ids.to("remote_accelerator"), use_cache=False).logits
+            torch.testing.assert_close(logits.cpu(), reference(ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
+    placed = placement_of(model)
+    assert placed is not None and len(placed.devices()) == 2, str(placed)
+    graphs = genie.compile_stats()["graphs"][first:]
+    on = {g["device"] for g in graphs if any(p["engine"] == "node" for p in g["parts"])}
+    assert on == {str(d) for d in placed.devices()}, graphs
+    assert sum(_weights(i) for i in range(2)) == MODEL_BYTES  # each weight on one node, once

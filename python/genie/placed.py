@@ -279,8 +279,8 @@ def _place(model, example_args, example_kwargs, goal="latency", cluster=None, de
                                                                     with_kwargs=True))
     except BaseException:  # a node refused a block (its group no longer fits): back to the host
         placement.remove()
-        for path in placement.blocks:
-            model.get_submodule(path).to("cpu")
+        for path in placement.blocks:  # torch's move itself: a deferred model stays deferred
+            model.get_submodule(path)._apply(lambda t: t.to("cpu"))
         raise
     placement._hooks += _home_hooks(model, placement, follow_inputs=home is None)
     return placement

@@ -173,8 +173,10 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return stats["device_free"], stats["device_total"]
 
 
-def _node_count() -> int:
-    """The configured nodes (torch.remote_accelerator.device_count())."""
+def device_count() -> int:
+    """The number of remote_accelerator devices: the nodes this process is configured with
+    (`genie.init`, `GENIE_SERVER`; 1 for the embedded node), as torch.cuda counts GPUs.
+    Connects to none of them."""
     from . import _session
     return len(_session.session().servers)
 
@@ -182,13 +184,13 @@ def _node_count() -> int:
 def cluster_memory_allocated() -> int:
     """Bytes this session holds resident over all its nodes: `memory_allocated(i)` summed over
     every device (i < device_count()). No round trip; a node never used counts 0."""
-    return sum(memory_allocated(i) for i in range(_node_count()))
+    return sum(memory_allocated(i) for i in range(device_count()))
 
 
 def cluster_mem_get_info() -> tuple[int, int]:
     """(free, total) bytes of all the nodes' devices: `mem_get_info(i)` summed over every
     device (one request each; connects to each). Raises GenieConnectionError."""
-    infos = [mem_get_info(i) for i in range(_node_count())]
+    infos = [mem_get_info(i) for i in range(device_count())]
     return sum(free for free, _ in infos), sum(total for _, total in infos)
 
 

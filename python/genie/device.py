@@ -25,19 +25,12 @@ import types
 import torch
 
 from . import _C  # loading it registers the PrivateUse1 device guard, hooks and allocator
-from .accelerator import _device_of
+from .accelerator import _device_of, device_count
 
 _registered = False
 _library = None
 _genie_library = torch.library.Library("genie", "DEF")  # noqa: TOR901 - the node's operators
 
-
-def device_count() -> int:
-    """The number of remote_accelerator devices: the nodes this process is configured with
-    (`genie.init`, `GENIE_SERVER`; 1 for the embedded node), as torch.cuda counts GPUs.
-    Connects to none of them."""
-    from . import _session
-    return len(_session.session().servers)
 
 
 def synchronize(device=None) -> None:

@@ -6,8 +6,15 @@ finds the node idle. This script times the request ``(x + 1).item()`` (one RunGr
 result comes back) on a real genie-node, from Python:
 
 - back to back: ``--n`` requests, one after another;
-- after idleness: ``--n`` requests, each after ``--idle-ms`` of ``time.sleep`` (the client's
-  threads and the node's may sleep meanwhile).
+- after the client slept: ``--n`` requests, each after ``--idle-ms`` of ``time.sleep`` (the
+  client's threads and the node's may all sleep meanwhile);
+- after the client was busy: each after ``--idle-ms`` of the client's thread spinning in
+  Python, as a client recording its next step is busy while the node idles.
+
+The same op on local CPU tensors, back to back and after the same waits, is timed in each
+round too: what waking up costs the machine itself (caches, CPU frequency and idle states, a
+virtual CPU descheduled while idle), which no remote path can do better than. The node runs
+on CPU 0 and this script on CPU 1 (``--no-pin``: wherever the scheduler puts them).
 
 Both against two nodes started by the script, alternated ``--rounds`` times in the same run:
 ``--idle-poll-us 0`` (a session thread polls 200 µs after each request, then sleeps) and the
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -39,9 +47,10 @@ except ImportError:
     import genie
 
 
-def start_node(binary: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_node(binary: str, extra: list[str], cpu: int | None = None) -> tuple[subprocess.Popen, str]:
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     process = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--log-level", "warn", *extra],
-                               stdout=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     line = process.stdout.readline()
     match = re.match(r"genie-node listening on (\S+:\d+)", line)
     if not match:
@@ -50,14 +59,24 @@ def start_node(binary: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     return process, match.group(1)
 
 
-def round_trips(n: int, idle_s: float) -> list[float]:
-    x = torch.ones(1, device="remote_accelerator:0")
+def spin(seconds: float) -> None:
+    """The calling thread stays busy (and its CPU awake) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+WAITS = {"back to back": None, "client slept": time.sleep, "client busy": spin}
+
+
+def round_trips(n: int, idle_s: float, wait=None, device: str = "remote_accelerator:0") -> list[float]:
+    x = torch.ones(1, device=device)
     for _ in range(20):  # warm: the graph is registered, the connection's buffers exist
         (x + 1).item()
     times = []
     for _ in range(n):
-        if idle_s:
-            time.sleep(idle_s)
+        if wait is not None:
+            wait(idle_s)
         start = time.perf_counter()
         (x + 1).item()
         times.append(time.perf_counter() - start)
@@ -76,32 +95,41 @@ def main() -> int:
     parser.add_argument("--idle-ms", type=float, default=5.0, help="sleep before each idle request (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of both nodes (default: %(default)s)")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the node to CPU 0 and this script to CPU 1")
     args = parser.parse_args()
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    if pin:
+        os.sched_setaffinity(0, {1})
 
     configs = {"poll 200 µs (--idle-poll-us 0)": ["--idle-poll-us", "0"], "adaptive (default)": []}
     results = []
+
+    def measure(round_index: int, name: str, device: str) -> None:
+        row = {"round": round_index + 1, "node": name}
+        for wait_name, wait in WAITS.items():
+            row[wait_name] = summary(round_trips(args.n, args.idle_ms / 1e3, wait, device))
+        hot = row["back to back"]["median_us"]
+        results.append(row)
+        print(f"round {round_index + 1} {name:30s} back to back {hot:6.1f} µs   after {args.idle_ms:g} ms: "
+              + "   ".join(f"{w} {row[w]['median_us']:6.1f} µs ({row[w]['median_us'] / hot:.2f}x)"
+                         for w in list(WAITS)[1:]), flush=True)
+
     for round_index in range(args.rounds):
         for name, extra in configs.items():
-            process, address = start_node(args.node, extra)
+            process, address = start_node(args.node, extra, 0 if pin else None)
             try:
                 genie.init(server=address)
-                hot = summary(round_trips(args.n, 0.0))
-                cold = summary(round_trips(args.n, args.idle_ms / 1e3))
+                measure(round_index, name, "remote_accelerator:0")
             finally:
                 genie.shutdown()
                 process.terminate()
                 process.wait(timeout=10)
-            row = {"round": round_index + 1, "node": name, "back_to_back": hot, "after_idle": cold,
-                   "ratio": cold["median_us"] / hot["median_us"]}
-            results.append(row)
-            print(f"round {round_index + 1} {name:32s} back to back {hot['median_us']:7.1f} µs   "
-                  f"after {args.idle_ms:g} ms idle {cold['median_us']:7.1f} µs (p90 {cold['p90_us']:7.1f})   "
-                  f"ratio {row['ratio']:.2f}", flush=True)
+        measure(round_index, "local CPU op (no node)", "cpu")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
         args.json.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-            "command": " ".join(sys.argv), "idle_ms": args.idle_ms, "n": args.n, "results": results}, indent=1) + "\n")
+            "command": " ".join(sys.argv), "idle_ms": args.idle_ms, "n": args.n, "pinned": pin, "results": results}, indent=1) + "\n")
     return 0
 
 

@@ -190,9 +190,10 @@ void BenchServer::State::onMessage(InboundMessage&& message) {
   switch (msg->body_type()) {
     case wire::Body::Ping: {
       scratch.reserve(*worker, payload);
-      message.receivePayload({scratch.data(), payload}, [this, from, id, payload](Status s) {
+      const uint64_t timestamp_ns = msg->body_as_Ping()->timestamp_ns();  // echoed, as genie-node does
+      message.receivePayload({scratch.data(), payload}, [this, from, id, payload, timestamp_ns](Status s) {
         if (!s) return;
-        auto pong = wire::buildPong(id, nowNs());
+        auto pong = wire::buildPong(id, timestamp_ns);
         reply(*from, pong, {scratch.data(), payload});
       });
       return;
@@ -388,6 +389,7 @@ Result<BenchResult> runLatency(ClientState& client, Endpoint& endpoint, size_t s
   result.iterations = iterations;
   result.rate_per_s = iterations / seconds;
   result.window = in_flight;
+  result.header_bytes = ping.size();
   result.latency_us = rate_test ? seconds * 1e6 / iterations : seconds * 1e6 / iterations / 2;
   result.bandwidth_mbs = rate_test ? 0 : size * iterations * 2 / seconds / (1 << 20);
   return result;

@@ -62,6 +62,7 @@ struct BenchResult {
   double latency_us = 0;    // per message (half round trip for latency; round trip for put/get)
   double bandwidth_mbs = 0; // MB/s, MB = 2^20 bytes
   double rate_per_s = 0;    // messages (or requests) per second
+  size_t header_bytes = 0;  // latency, rate: the FlatBuffer header each Ping carries beside the payload
 };
 
 /// Serves benchmark clients on `worker` (whose progress the caller's thread drives) until

@@ -6,9 +6,13 @@ For each UCX_TLS (default: tcp and sm) on loopback and each message size (defaul
   ucx_perftest tag_lat, tag_bw and ucp_am_bw
   genie-bench  latency, bandwidth
 and prints genie-bench / ucx_perftest: bandwidth against the higher of tag_bw and ucp_am_bw,
-latency against tag_lat. The targets (bandwidth at 1 MiB and 64 MiB >= 0.95, 8-byte latency
-<= 1.10) are marked in their rows. Both tools report half round trips in microseconds and
-MB/s with MB = 2^20 bytes.
+latency against tag_lat. The targets (bandwidth at 1 MiB and 64 MiB >= 0.95; 8-byte latency
+<= 1.10 on tcp and within 0.2 µs on sm) are marked in their rows. Both tools report half
+round trips in microseconds and MB/s with MB = 2^20 bytes.
+
+Latency rows also show `ucp_am_lat -e` with as many bytes as a genie-bench Ping carries (its
+FlatBuffer header, 48 B, plus the payload): UCX's own active-message round trip for Genie's
+message size, which is what genie-bench's latency adds its handling to.
 
 ucx_perftest runs twice per point: with `-e` (endpoints with peer error handling, the mode
 Genie's endpoints use, so the same UCX configuration: the primary ratio) and without (UCX's
@@ -19,8 +23,10 @@ fastest configuration, shown for reference).
     perf/scripts/compare_ucx_perftest.py --tls sm --append      # add sm to the saved tcp runs
     perf/scripts/compare_ucx_perftest.py --plot-only docs/perf/transport.json   # nothing run
 
-Each number is the median of --repeat rounds; a round runs every tool once per point, so the
-machine's drift spreads over all of them. Every run is saved to --json, and the PNG (log-x
+Each number is the best of --repeat rounds (highest bandwidth, lowest latency; --stat median
+for medians), with the spread of the rounds beside it; a round runs every tool once per point
+(alternated), so the machine's drift spreads over all of them. Server and client are pinned
+to CPUs 0 and 1 (--no-pin leaves them to the scheduler). Every run is saved to --json, and the PNG (log-x
 sizes; bandwidth and latency panels, one line per tool and UCX_TLS) is drawn from it;
 --plot-only draws the PNG and prints the table again from a saved JSON. Iterations per point:
 bandwidth about 1 GiB moved (100..100,000 messages), latency about 256 MiB (20..20,000).
@@ -49,8 +55,11 @@ MIB = 1 << 20
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The tools of the table and the plot, in their order.
 TOOLS = ("genie-bench", "ucx_perftest -e", "ucx_perftest")
+# Latency only: ucp_am_lat -e with a genie-bench Ping's bytes (header + payload).
+SAME_BYTES = "ucp_am_lat -e, Genie's bytes"
 # (test, size) -> the target on genie-bench / ucx_perftest -e.
-TARGETS = {("latency", 8): "<= 1.10", ("bandwidth", MIB): ">= 0.95", ("bandwidth", 64 * MIB): ">= 0.95"}
+TARGETS = {("tcp", "latency", 8): "<= 1.10", ("sm", "latency", 8): "<= +0.2 µs",
+           ("bandwidth", MIB): ">= 0.95", ("bandwidth", 64 * MIB): ">= 0.95"}
 
 
 def parse_bytes(text):
@@ -97,11 +106,23 @@ def env_for(tls, perftest_libs):
     return env
 
 
+PIN = [True]  # server on CPU 0, client on CPU 1 (set from --no-pin)
+
+
+def pinned_to(cpu):
+    """preexec_fn that binds the child (and the threads it starts) to `cpu`; None unpinned."""
+    if not PIN[0] or (os.cpu_count() or 1) < 2:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
 def run_pair(server_cmd, client_cmd, env, timeout=300):
-    server = subprocess.Popen(server_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(server_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=pinned_to(0))
     try:
         time.sleep(0.7)
-        out = subprocess.run(client_cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(client_cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                             preexec_fn=pinned_to(1))
         if out.returncode != 0:
             raise RuntimeError(f"{' '.join(map(str, client_cmd))} failed:\n{out.stderr}")
     except BaseException:
@@ -135,7 +156,7 @@ def perftest(perftest_bin, libs, tls, test, size, iterations, error_handling):
 
 
 def genie(tls, test, size, iterations, window):
-    """Returns (latency_us, bandwidth_mbs, lanes); window None: genie-bench's default."""
+    """Returns (latency_us, bandwidth_mbs, lanes, header_bytes); window None: genie-bench's default."""
     port = free_port()
     command = [GENIE_BENCH, "127.0.0.1", "--port", str(port), "--tests", test, "--sizes", str(size),
                "--iterations", str(iterations), "--warmup", str(max(iterations // 10, 10)), "--json"]
@@ -143,7 +164,7 @@ def genie(tls, test, size, iterations, window):
         command += ["--window", str(window)]
     out = run_pair([GENIE_BENCH, "--server", "--once", "--port", str(port)], command, env_for(tls, None))
     result = json.loads(out)[0]
-    return result["latency_us"], result["bandwidth_mbs"], result["transports"]
+    return result["latency_us"], result["bandwidth_mbs"], result["transports"], result.get("header_bytes", 0)
 
 
 def iterations_for(test, size):
@@ -169,13 +190,16 @@ def measure(args):
         for tls in args.tls.split(","):
             for size in args.sizes:
                 n = iterations_for("latency", size)
-                lat, _, lanes = genie(tls, "latency", size, n, None)
+                lat, _, lanes, header = genie(tls, "latency", size, n, None)
                 record(round_no, tls, "latency", size, "genie-bench", "latency", n, lat, lanes)
                 for e in (True, False):
                     lat, _ = perftest(perftest_bin, libs, tls, "tag_lat", size, n, e)
                     record(round_no, tls, "latency", size, TOOLS[1] if e else TOOLS[2], "tag_lat", n, lat)
+                if header:
+                    lat, _ = perftest(perftest_bin, libs, tls, "ucp_am_lat", size + header, n, True)
+                    record(round_no, tls, "latency", size, SAME_BYTES, f"ucp_am_lat -s {size + header}", n, lat)
                 n = iterations_for("bandwidth", size)
-                _, bw, lanes = genie(tls, "bandwidth", size, n, args.window)
+                _, bw, lanes, _ = genie(tls, "bandwidth", size, n, args.window)
                 record(round_no, tls, "bandwidth", size, "genie-bench", "bandwidth", n, bw, lanes)
                 for e in (True, False):
                     for name in ("tag_bw", "ucp_am_bw"):
@@ -186,45 +210,60 @@ def measure(args):
 
 # ---- from the runs: medians, the table, the plot ------------------------------------------
 
-def medians(runs):
-    """{(tls, test, size, tool): (median, name, lanes, min, max)}; for ucx_perftest's bandwidth
-    the higher median of tag_bw and ucp_am_bw (min and max are that test's)."""
+def summarize(runs, stat="best"):
+    """{(tls, test, size, tool): (value, name, lanes, min, max)}: value is the best round
+    (highest bandwidth, lowest latency) or, with stat="median", the median; for ucx_perftest's
+    bandwidth the better of tag_bw and ucp_am_bw (min and max are that test's)."""
     by_name = {}
     for r in runs:
         by_name.setdefault((r["tls"], r["test"], r["size"], r["tool"], r["name"]), []).append(r)
     best = {}
     for (tls, test, size, tool, name), sample in by_name.items():
         values = [r["value"] for r in sample]
-        value = statistics.median(values)
+        if stat == "median":
+            value = statistics.median(values)
+        else:
+            value = min(values) if test == "latency" else max(values)
         key = (tls, test, size, tool)
-        if key not in best or value > best[key][0]:
+        if key not in best or (value < best[key][0] if test == "latency" else value > best[key][0]):
             best[key] = (value, name, sample[0]["lanes"], min(values), max(values))
     return best
 
 
-def table(runs):
-    best = medians(runs)
-    lines = ["| UCX_TLS | test | size (B) | genie-bench | ucx_perftest -e | ratio | ucx_perftest | ratio | target "
-             "| genie lanes |", "|---|---|---|---|---|---|---|---|---|---|"]
+def table(runs, stat="best"):
+    best = summarize(runs, stat)
+    lines = ["| UCX_TLS | test | size (B) | genie-bench | ucx_perftest -e | ratio | ucx_perftest | ratio "
+             f"| {SAME_BYTES} | target | genie lanes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(entry, unit):
+        value, name, _, low, high = entry
+        spread = f" [{low:.2f}-{high:.2f}]" if high > low else ""
+        return f"{value:.2f} {unit}{spread}" + (f" ({name})" if name else "")
+
     for tls, test, size in dict.fromkeys((r["tls"], r["test"], r["size"]) for r in runs):
         if any((tls, test, size, tool) not in best for tool in TOOLS):
             continue
-        (g, _, lanes, *_), (p_e, name_e, *_), (p, name, *_) = (best[(tls, test, size, tool)] for tool in TOOLS)
+        g, p_e, p = (best[(tls, test, size, tool)] for tool in TOOLS)
         unit = "µs" if test == "latency" else "MB/s"
-        lines.append(f"| {tls} | {test} | {size} | {g:.2f} {unit} | {p_e:.2f} {unit} ({name_e}) | {g / p_e:.3f} "
-                     f"| {p:.2f} {unit} ({name}) | {g / p:.3f} | {TARGETS.get((test, size), '')} | {lanes} |")
+        ratio_e = f"{g[0] / p_e[0]:.3f}" + (f" ({g[0] - p_e[0]:+.2f} µs)" if test == "latency" else "")
+        same = best.get((tls, test, size, SAME_BYTES))
+        target = TARGETS.get((tls, test, size), TARGETS.get((test, size), ""))
+        lines.append(f"| {tls} | {test} | {size} | {cell(g[:1] + ('',) + g[2:], unit)} | {cell(p_e, unit)} "
+                     f"| {ratio_e} | {cell(p, unit)} | {g[0] / p[0]:.3f} | {cell(same, unit) if same else ''} "
+                     f"| {target} | {g[2]} |")
     return "\n".join(lines)
 
 
 def plot(saved, png):
     """Bandwidth (MB/s) and latency (µs) against message size, log-log, one line per tool and
-    UCX_TLS (medians, bars from the lowest to the highest run; ucx_perftest's bandwidth the
-    better of tag_bw and ucp_am_bw)."""
+    UCX_TLS (best rounds or medians as saved["stat"], bars from the lowest to the highest run;
+    ucx_perftest's bandwidth the better of tag_bw and ucp_am_bw)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best = medians(saved["runs"])
+    stat = saved.get("stat", "median")
+    best = summarize(saved["runs"], stat)
     tls_list = list(dict.fromkeys(r["tls"] for r in saved["runs"]))
     sizes = sorted({r["size"] for r in saved["runs"]})
     colors = dict(zip(TOOLS, ("tab:blue", "tab:orange", "tab:green")))
@@ -250,7 +289,8 @@ def plot(saved, png):
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"genie-bench vs ucx_perftest on loopback: commit {saved['commit']}, {saved['date']}, "
-                 f"{saved['machine']}; median of {saved['repeat']}, bars: lowest to highest run", fontsize=10)
+                 f"{saved['machine']}; {stat} of {saved['repeat']}{', pinned' if saved.get('pinned') else ''}, "
+                 "bars: lowest to highest run", fontsize=10)
     fig.tight_layout()
     pathlib.Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -261,7 +301,8 @@ def write_markdown(path, saved, png, text):
     """Inserts a dated section above the first '## ' heading (the history, newest first)."""
     path = pathlib.Path(path)
     image = os.path.relpath(pathlib.Path(png).resolve(), path.resolve().parent)
-    section = (f"## {saved['date']} (commit {saved['commit']}): {saved['machine']}, median of {saved['repeat']}\n\n"
+    section = (f"## {saved['date']} (commit {saved['commit']}): {saved['machine']}, "
+               f"{saved.get('stat', 'median')} of {saved['repeat']}\n\n"
                f"Command: `{saved['command']}`\n\n![genie-bench vs ucx_perftest]({image})\n\n{text}\n\n")
     old = path.read_text() if path.exists() else ""
     at = old.find("\n## ")
@@ -282,7 +323,11 @@ def main():
     parser.add_argument("--tls", default="tcp,sm", help="UCX_TLS values, comma-separated (default: tcp,sm)")
     parser.add_argument("--sizes", default="8,4K,64K,1M,8M,64M",
                         help="message sizes, comma-separated (default: 8,4K,64K,1M,8M,64M)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; each number is their median (default: 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, alternated (default: 3)")
+    parser.add_argument("--stat", choices=("best", "median"), default="best",
+                        help="each number: the best round or the median (default: best)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave server and client to the scheduler (default: CPUs 0 and 1)")
     parser.add_argument("--window", type=int, default=None,
                         help="genie-bench messages in flight (default: genie-bench's own)")
     parser.add_argument("--json", default=str(ROOT / "docs" / "perf" / "transport.json"),
@@ -298,6 +343,7 @@ def main():
                                            "file's history (above its first '## ' heading)")
     args = parser.parse_args()
 
+    PIN[0] = not args.no_pin
     if args.plot_only:
         saved = json.loads(pathlib.Path(args.plot_only).read_text())
     else:
@@ -312,12 +358,13 @@ def main():
         runs = measure(args)
         saved = {"command": "perf/scripts/compare_ucx_perftest.py " + " ".join(sys.argv[1:]), "commit": commit,
                  "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-                 "machine": f"{platform.node()}, {os.cpu_count()} CPUs", "repeat": args.repeat, "runs": runs}
+                 "machine": f"{platform.node()}, {os.cpu_count()} CPUs", "repeat": args.repeat, "stat": args.stat,
+                 "pinned": PIN[0] and (os.cpu_count() or 1) >= 2, "runs": runs}
         if args.append and pathlib.Path(args.json).exists():
             saved = merged(json.loads(pathlib.Path(args.json).read_text()), saved)
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(saved, indent=1) + "\n")
-    text = table(saved["runs"])
+    text = table(saved["runs"], saved.get("stat", "median"))
     print(text)
     plot(saved, args.png)
     print(f"\nplot: {args.png}", file=sys.stderr)

@@ -1,6 +1,6 @@
 // genie-bench's driver (perf/lib) against a real BenchServer on loopback, on tcp and sm:
-// every test runs and reports sane numbers, and garbage gets an error reply while the
-// server keeps serving.
+// every test runs and reports sane numbers, a Pong echoes its Ping, and garbage gets an
+// error reply while the server keeps serving.
 #include <future>
 #include <random>
 #include <thread>
@@ -122,6 +122,38 @@ TEST_P(BenchSmokeTest, GarbageGetsAnErrorReplyAndTheServerKeepsServing) {
   stop_ = true;
   server_thread_.join();
   EXPECT_EQ(rejected_, 1u);
+}
+
+TEST_P(BenchSmokeTest, APongEchoesItsPingsTimestampAndPayload) {
+  struct Reply {
+    uint64_t request_id = 0, timestamp_ns = 0;
+    std::vector<std::byte> payload;
+  };
+  auto reply = std::make_shared<Awaitable<std::optional<Reply>>>();
+  worker_->setMessageHandler([reply](transport::InboundMessage message) {
+    auto verified = wire::verifyMessage(message.header(), message.payloadSize());
+    if (!verified || verified.value()->body_type() != wire::Body::Pong) {
+      reply->set(std::nullopt);
+      return;
+    }
+    auto got = std::make_shared<Reply>(Reply{verified.value()->request_id(),
+                                             verified.value()->body_as_Pong()->timestamp_ns(),
+                                             std::vector<std::byte>(message.payloadSize())});
+    message.receivePayload({got->payload.data(), got->payload.size()},
+                           [reply, got](Status s) { reply->set(s ? std::optional(*got) : std::nullopt); });
+  });
+  std::vector<std::byte> payload(24);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = std::byte(i * 7 + 1);
+  auto ping = wire::buildPing(77, 123456789);
+  endpoint_->send(wire::bytesOf(ping), {payload.data(), payload.size()}, [](Status) {});
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::optional<std::optional<Reply>> got;
+  while (!(got = reply->wait(0ms)) && std::chrono::steady_clock::now() < deadline) worker_->progress();
+  ASSERT_TRUE(got.has_value()) << "no reply to a Ping";
+  ASSERT_TRUE(got->has_value()) << "the reply to a Ping was not a verified Pong with its payload";
+  EXPECT_EQ((*got)->request_id, 77u);
+  EXPECT_EQ((*got)->timestamp_ns, 123456789u);  // docs/wire_format.md: Pong echoes timestamp_ns
+  EXPECT_EQ((*got)->payload, payload);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, BenchSmokeTest, ::testing::Values("tcp", "sm"),

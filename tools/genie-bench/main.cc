@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
                      {"latency_us", r.latency_us},
                      {"bandwidth_mbs", r.bandwidth_mbs},
                      {"rate_per_s", r.rate_per_s},
+                     {"header_bytes", r.header_bytes},
                      {"transports", transports}});
     }
     std::cout << out.dump(2) << std::endl;

@@ -26,8 +26,8 @@ fastest configuration, shown for reference).
 Each number is the best of --repeat rounds (highest bandwidth, lowest latency; --stat median
 for medians), with the spread of the rounds beside it; a round runs every tool once per point
 (alternated), so the machine's drift spreads over all of them. Server and client are pinned
-to CPUs 0 and 1 (--no-pin leaves them to the scheduler). Every run is saved to --json, and the PNG (log-x
-sizes; bandwidth and latency panels, one line per tool and UCX_TLS) is drawn from it;
+to CPUs 0 and 1 (--no-pin leaves them to the scheduler). Every run is saved to --json, and
+the PNG (log-x sizes; bandwidth and latency panels, one line per tool and UCX_TLS) is drawn from it;
 --plot-only draws the PNG and prints the table again from a saved JSON. Iterations per point:
 bandwidth about 1 GiB moved (100..100,000 messages), latency about 256 MiB (20..20,000).
 On the 2-vCPU development VM a round takes about 4 minutes on tcp (0.8 GB/s) and 1.5 on sm.
@@ -106,12 +106,12 @@ def env_for(tls, perftest_libs):
     return env
 
 
-PIN = [True]  # server on CPU 0, client on CPU 1 (set from --no-pin)
+PIN = True  # server on CPU 0, client on CPU 1 (main() sets it from --no-pin)
 
 
 def pinned_to(cpu):
     """preexec_fn that binds the child (and the threads it starts) to `cpu`; None unpinned."""
-    if not PIN[0] or (os.cpu_count() or 1) < 2:
+    if not PIN or (os.cpu_count() or 1) < 2:
         return None
     return lambda: os.sched_setaffinity(0, {cpu})
 
@@ -235,10 +235,10 @@ def table(runs, stat="best"):
     lines = ["| UCX_TLS | test | size (B) | genie-bench | ucx_perftest -e | ratio | ucx_perftest | ratio "
              f"| {SAME_BYTES} | target | genie lanes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def cell(entry, unit):
+    def cell(entry, unit, named=True):
         value, name, _, low, high = entry
         spread = f" [{low:.2f}-{high:.2f}]" if high > low else ""
-        return f"{value:.2f} {unit}{spread}" + (f" ({name})" if name else "")
+        return f"{value:.2f} {unit}{spread}" + (f" ({name})" if named else "")
 
     for tls, test, size in dict.fromkeys((r["tls"], r["test"], r["size"]) for r in runs):
         if any((tls, test, size, tool) not in best for tool in TOOLS):
@@ -248,7 +248,7 @@ def table(runs, stat="best"):
         ratio_e = f"{g[0] / p_e[0]:.3f}" + (f" ({g[0] - p_e[0]:+.2f} µs)" if test == "latency" else "")
         same = best.get((tls, test, size, SAME_BYTES))
         target = TARGETS.get((tls, test, size), TARGETS.get((test, size), ""))
-        lines.append(f"| {tls} | {test} | {size} | {cell(g[:1] + ('',) + g[2:], unit)} | {cell(p_e, unit)} "
+        lines.append(f"| {tls} | {test} | {size} | {cell(g, unit, named=False)} | {cell(p_e, unit)} "
                      f"| {ratio_e} | {cell(p, unit)} | {g[0] / p[0]:.3f} | {cell(same, unit) if same else ''} "
                      f"| {target} | {g[2]} |")
     return "\n".join(lines)
@@ -343,7 +343,8 @@ def main():
                                            "file's history (above its first '## ' heading)")
     args = parser.parse_args()
 
-    PIN[0] = not args.no_pin
+    global PIN
+    PIN = not args.no_pin
     if args.plot_only:
         saved = json.loads(pathlib.Path(args.plot_only).read_text())
     else:
@@ -359,7 +360,7 @@ def main():
         saved = {"command": "perf/scripts/compare_ucx_perftest.py " + " ".join(sys.argv[1:]), "commit": commit,
                  "date": started.strftime("%Y-%m-%d %H:%M UTC"),
                  "machine": f"{platform.node()}, {os.cpu_count()} CPUs", "repeat": args.repeat, "stat": args.stat,
-                 "pinned": PIN[0] and (os.cpu_count() or 1) >= 2, "runs": runs}
+                 "pinned": PIN and (os.cpu_count() or 1) >= 2, "runs": runs}
         if args.append and pathlib.Path(args.json).exists():
             saved = merged(json.loads(pathlib.Path(args.json).read_text()), saved)
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)

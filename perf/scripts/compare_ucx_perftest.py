@@ -164,7 +164,7 @@ def genie(tls, test, size, iterations, window):
         command += ["--window", str(window)]
     out = run_pair([GENIE_BENCH, "--server", "--once", "--port", str(port)], command, env_for(tls, None))
     result = json.loads(out)[0]
-    return result["latency_us"], result["bandwidth_mbs"], result["transports"], result.get("header_bytes", 0)
+    return result["latency_us"], result["bandwidth_mbs"], result["transports"], result["header_bytes"]
 
 
 def iterations_for(test, size):
@@ -195,9 +195,8 @@ def measure(args):
                 for e in (True, False):
                     lat, _ = perftest(perftest_bin, libs, tls, "tag_lat", size, n, e)
                     record(round_no, tls, "latency", size, TOOLS[1] if e else TOOLS[2], "tag_lat", n, lat)
-                if header:
-                    lat, _ = perftest(perftest_bin, libs, tls, "ucp_am_lat", size + header, n, True)
-                    record(round_no, tls, "latency", size, SAME_BYTES, f"ucp_am_lat -s {size + header}", n, lat)
+                lat, _ = perftest(perftest_bin, libs, tls, "ucp_am_lat", size + header, n, True)
+                record(round_no, tls, "latency", size, SAME_BYTES, f"ucp_am_lat -s {size + header}", n, lat)
                 n = iterations_for("bandwidth", size)
                 _, bw, lanes, _ = genie(tls, "bandwidth", size, n, args.window)
                 record(round_no, tls, "bandwidth", size, "genie-bench", "bandwidth", n, bw, lanes)

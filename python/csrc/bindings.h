@@ -24,8 +24,8 @@ namespace py = pybind11;
 
 /// encode_graph, TensorRef, ScalarSlot (graph_encoder.cc).
 void bindGraphEncoder(py::module_& m);
-/// configure_recorder, register_recorder_kernels, record_op, recorder_counters: the recorder's
-/// PrivateUse1 kernel and its Python entry (dispatch_kernel.cc).
+/// configure_recorder, register_recorder_kernels, record_op, recorder_counters, PartCall: the
+/// recorder's PrivateUse1 kernel and its Python entries (dispatch_kernel.cc).
 void bindDispatchKernel(py::module_& m);
 /// Node, Value, Storage, Recording, Cut, the LazyTensor state functions and the process lock
 /// (frontend_bindings.cc).

@@ -19,10 +19,14 @@
 // itself (torch's python_error), also through the autograd engine's threads.
 //
 // genie._C.record_op(func, args, kwargs, host_args=()) is the same C++ recorder for
-// genie.recorder: the op as it is, without routing.
+// genie.recorder: the op as it is, without routing. genie._C.PartCall records a compiled part's
+// genie::call_graph straight from the part's arguments (genie.compile): its capture knows the
+// inputs' geometry and the outputs', so the call skips the dispatcher and the plan cache, whose
+// per-tensor work on a part's hundreds of arguments (the weights) it would otherwise repeat.
 #include <pybind11/pybind11.h>
 // pybind11 first: it includes Python.h, which torch's Python headers expect.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/PyInterpreter.h>
@@ -355,9 +359,113 @@ py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vecto
   return result;
 }
 
+/// A compiled part's call by its capture (genie.compile's ExecutorPart): genie::call_graph
+/// recorded straight from the part's arguments, without the dispatcher, the plan cache or the
+/// meta kernel, since the capture knows the inputs' geometry and the outputs' descriptors. See
+/// the binding's docstring.
+class PartCall {
+ public:
+  PartCall(std::string graph, std::vector<int64_t> output_ids, std::vector<int> arg_of_input,
+           std::vector<at::Tensor> constants, std::vector<int> written, const std::vector<at::Tensor>& inputs,
+           const std::vector<at::Tensor>& outputs)
+      : op_(c10::Dispatcher::singleton().findSchemaOrThrow("genie::call_graph", "")),
+        graph_(std::move(graph)),
+        output_ids_(c10::List<int64_t>(output_ids)),
+        arg_of_input_(std::move(arg_of_input)),
+        constants_(std::move(constants)),
+        written_(std::move(written)) {
+    TORCH_CHECK(inputs.size() == arg_of_input_.size() + constants_.size(), "PartCall: ", inputs.size(),
+                " input tensors for ", arg_of_input_.size(), " arguments and ", constants_.size(), " constants");
+    for (const at::Tensor& t : inputs) {
+      inputs_.push_back({{t.sizes().begin(), t.sizes().end()}, {t.strides().begin(), t.strides().end()}, t.scalar_type()});
+    }
+    for (const at::Tensor& t : outputs) {  // as genie::call_graph's meta kernel makes them: fresh, offset 0
+      frontend::Desc d;
+      d.sizes.assign(t.sizes().begin(), t.sizes().end());
+      d.strides.assign(t.strides().begin(), t.strides().end());
+      d.dtype = t.scalar_type();
+      d.finish();
+      outputs_.push_back(std::move(d));
+    }
+  }
+
+  py::object call(const py::tuple& args) const {
+    const auto n_args = static_cast<size_t>(PyTuple_GET_SIZE(args.ptr()));
+    const bool grad = c10::GradMode::is_enabled();
+    const at::Tensor* tensor = nullptr;
+    auto take = [&](int k) {
+      if (k < 0 || static_cast<size_t>(k) >= n_args) return false;
+      PyObject* obj = PyTuple_GET_ITEM(args.ptr(), k);
+      if (!THPVariable_Check(obj)) return false;
+      tensor = &THPVariable_Unpack(obj);
+      return tensor->defined() && !(grad && tensor->requires_grad());
+    };
+    c10::List<at::Tensor> inputs;
+    inputs.reserve(inputs_.size());
+    for (size_t i = 0; i < arg_of_input_.size(); ++i) {
+      if (!take(arg_of_input_[i]) || !inputs_[i].matches(*tensor)) return notImplemented();
+      inputs.push_back(*tensor);
+    }
+    for (const at::Tensor& c : constants_) inputs.push_back(c);
+    c10::List<at::Tensor> written;
+    written.reserve(written_.size());
+    for (int k : written_) {
+      if (!take(k)) return notImplemented();
+      written.push_back(*tensor);
+    }
+    std::vector<c10::IValue> stack{graph_, output_ids_, inputs, written};
+    std::vector<c10::IValue> results;
+    const Recorded recorded = frontend::recordKnown(op_, stack, outputs_, results);
+    if (recorded.outcome != Outcome::kRecorded) return notImplemented();
+    for (const at::Tensor& t : written) {  // an in-place write, as the autograd kernel counts one
+      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    }
+    afterRecording(recorded, recorded.wants_run);
+    return torch::jit::toPyObject(results.at(0));
+  }
+
+ private:
+  struct Geometry {
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+    bool matches(const at::Tensor& t) const {
+      return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides);
+    }
+  };
+  static py::object notImplemented() { return py::reinterpret_borrow<py::object>(Py_NotImplemented); }
+
+  c10::OperatorHandle op_;
+  c10::IValue graph_, output_ids_;
+  std::vector<int> arg_of_input_;
+  std::vector<at::Tensor> constants_;
+  std::vector<int> written_;
+  std::vector<Geometry> inputs_;
+  std::vector<frontend::Desc> outputs_;
+};
+
 }  // namespace
 
 void bindDispatchKernel(py::module_& m) {
+  py::class_<PartCall>(m, "PartCall", R"doc(A compiled part's call, recorded without dispatch.
+
+PartCall(graph, output_ids, arg_of_input, constants, written, inputs, outputs): the part
+registered as `graph` (32 hex digits) whose input i is argument `arg_of_input[i]` of a call or,
+past them, `constants[i - len(arg_of_input)]` (LazyTensors); its outputs are wire values
+`output_ids`; it writes arguments `written` in place. `inputs` (graph input order) and `outputs`:
+the tensors of the capture, whose geometry (sizes, strides, dtype) calls must match and whose
+outputs' geometry the call's results get.
+
+`call(args: tuple) -> list[Tensor] | NotImplemented` records genie::call_graph(graph, output_ids,
+inputs, written) as the dispatcher would (the written arguments' versions counted up), and runs
+the pending graph when it passed its limit. NotImplemented, nothing recorded, when an input is
+not a LazyTensor of the capture's geometry on one device, holds a lost value, or needs a
+gradient (autograd on): the caller then takes torch.ops.genie.call_graph, which raises the
+error.)doc")
+      .def(py::init<std::string, std::vector<int64_t>, std::vector<int>, std::vector<at::Tensor>, std::vector<int>,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&>(),
+           py::arg("graph"), py::arg("output_ids"), py::arg("arg_of_input"), py::arg("constants"), py::arg("written"),
+           py::arg("inputs"), py::arg("outputs"))
+      .def("call", &PartCall::call, py::arg("args"));
   m.def(
       "configure_recorder",
       [](py::object lazy_tensor, py::object dispatch, py::object run_pending, std::vector<std::string> python_ops) {

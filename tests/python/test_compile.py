@@ -101,6 +101,7 @@ def test_a_second_call_is_one_request_and_registers_nothing(remote_mlp):
     with torch.no_grad():
         for _ in range(2):  # compile, register the graph, lift the scalars that change
             compiled(x).cpu()
+        parts_before = _node_part_calls()
         before = genie.client_stats()
         out = compiled(x)
         recorded = genie.client_stats()
@@ -110,6 +111,34 @@ def test_a_second_call_is_one_request_and_registers_nothing(remote_mlp):
     assert after["round_trips"] - before["round_trips"] == 1
     assert after["messages_sent"] - before["messages_sent"] == 1
     assert after["graphs_registered"] == before["graphs_registered"]
+    calls, dispatched = (a - b for a, b in zip(_node_part_calls(), parts_before))
+    assert (calls, dispatched) == (1, 0)  # recorded by the capture's own call, not the dispatcher
+
+
+def _node_part_calls() -> tuple[int, int]:
+    """(calls, of them recorded through the dispatcher) of every captured node part so far."""
+    parts = [p for g in genie.compile_stats()["graphs"] for p in g["parts"] if p["engine"] == "node"]
+    return sum(p["calls"] for p in parts), sum(p["dispatched"] for p in parts)
+
+
+def test_a_call_on_a_lost_input_raises_its_error_and_the_next_call_works(remote_mlp):
+    cpu, _, compiled = remote_mlp
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            compiled(x.to(DEV)).cpu()
+        # Row 70 of 5: out of range, found by the node only. The result, of the shape the
+        # compiled graph takes, is lost with that error.
+        lost = x.to(DEV)[torch.tensor([0.0, 1, 2, 3, 70]).to(DEV).long()]
+        with pytest.raises(genie.GenieRemoteError, match="index") as first:
+            lost.cpu()
+        before = _node_part_calls()
+        with pytest.raises(genie.GenieRemoteError) as again:
+            compiled(lost).cpu()
+        after = _node_part_calls()
+        assert str(again.value) == str(first.value)  # the lost value's own error
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 1)  # declined by the direct call
+        torch.testing.assert_close(compiled(x.to(DEV)).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
 
 
 def _equals_eager_cpu_then_by_the_package(cpu, remote, x):

@@ -250,12 +250,13 @@ void adoptLayouts(Shapes& inferred, const Shapes& eager) {
   }
 }
 
-/// Records the node for `plan` and makes its results (under the process lock).
-std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& facts, const Plan& plan, Walk& walk,
-                              const c10::IValue* first, Recorded& recorded) {
-  Recording& rec = *walk.recording;
+/// Records the node of `op` on `rec` with `node_args` (the schema's arguments, device tensors
+/// as Value capsules), whose outputs are `descs`, and makes its results (under the process
+/// lock). `first`: the same arguments as the call gave them (device tensors as tensors).
+std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& facts, const std::vector<Desc>& descs,
+                              Recording& rec, std::vector<c10::IValue> node_args, const c10::IValue* first,
+                              Recorded& recorded) {
   RecordingPtr rec_ptr = RecordingPtr::reclaim_copy(&rec);
-  const std::vector<Desc>& descs = plan.shapes.outputs;
 
   std::vector<StoragePtr> writes;
   for (int w : facts.writes) {
@@ -298,7 +299,7 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     sources.push_back(source);
     kinds.push_back(rf.kind);
   }
-  NodePtr node = Node::make(op, facts, std::move(walk.args), specs, std::move(writes));
+  NodePtr node = Node::make(op, facts, std::move(node_args), specs, std::move(writes));
   for (size_t i = 0; i < descs.size(); ++i) {
     if (!descs[i].defined) continue;
     node->outputs[i]->sizes.assign(descs[i].sizes.begin(), descs[i].sizes.end());
@@ -449,9 +450,10 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       if (plan != nullptr) {
         recorded.recording = walk.recording;
         if (facts->deterministic && deterministicNow(*facts, first, n)) {
-          results = emit(*facts->deterministic, opFacts(*facts->deterministic), *plan, walk, first, recorded);
+          results = emit(*facts->deterministic, opFacts(*facts->deterministic), plan->shapes.outputs,
+                         *walk.recording, std::move(walk.args), first, recorded);
         } else {
-          results = emit(op, *facts, *plan, walk, first, recorded);
+          results = emit(op, *facts, plan->shapes.outputs, *walk.recording, std::move(walk.args), first, recorded);
         }
         recorded.wants_run = walk.recording->wantsRun();
         break;
@@ -495,6 +497,61 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
   recorded.outcome = Outcome::kRecorded;
   torch::jit::drop(stack, n);  // outside the lock: a tensor dying here may take the GIL (its Python object)
   for (c10::IValue& r : results) stack.push_back(std::move(r));
+  return recorded;
+}
+
+namespace {
+
+/// `a` as a node argument: a LazyTensor (alone or in a Tensor[]) as its Value capsule, anything
+/// else as it is. False when a tensor
+/// is not a LazyTensor on `rec` (set from the first one) or holds no value or a lost one.
+bool knownArgument(const c10::IValue& a, Recording*& rec, c10::IValue& out) {
+  auto one = [&rec](const c10::IValue& x, c10::IValue& converted) {
+    LazyTensorImpl* impl = x.isTensor() ? lazyImpl(x.toTensor()) : nullptr;
+    if (impl == nullptr || (rec != nullptr && rec != &impl->recording())) return false;
+    rec = &impl->recording();
+    const ValuePtr& value = impl->value();
+    if (!value || value->lost()) return false;
+    converted = capsuleOf(value);
+    return true;
+  };
+  if (a.isTensor()) return one(a, out);
+  if (!a.isTensorList()) {
+    out = a;
+    return true;
+  }
+  const auto list = a.toListRef();
+  c10::impl::GenericList converted(c10::AnyType::get());
+  converted.reserve(list.size());
+  for (const c10::IValue& x : list) {
+    c10::IValue v;
+    if (!one(x, v)) return false;
+    converted.push_back(std::move(v));
+  }
+  out = std::move(converted);
+  return true;
+}
+
+}  // namespace
+
+Recorded recordKnown(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const std::vector<Desc>& outputs,
+                     std::vector<c10::IValue>& results) {
+  Recorded recorded;
+  LockGuard lock;
+  const OpFacts& facts = opFacts(op);
+  TORCH_CHECK(args.size() == op.schema().arguments().size(), facts.name, ": ", args.size(), " arguments for ",
+              op.schema().arguments().size());
+  Recording* rec = nullptr;
+  std::vector<c10::IValue> node_args(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!knownArgument(args[i], rec, node_args[i])) return recorded;
+  }
+  if (rec == nullptr) return recorded;
+  recorded.recording = rec;
+  results = emit(op, facts, outputs, *rec, std::move(node_args), args.data(), recorded);
+  recorded.wants_run = rec->wantsRun();
+  recorded.outcome = Outcome::kRecorded;
+  g_cpp.fetch_add(1, std::memory_order_relaxed);
   return recorded;
 }
 

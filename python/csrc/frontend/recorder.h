@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "frontend/recording.h"
+#include "frontend/shapes.h"
 
 namespace genie::frontend {
 
@@ -68,6 +69,17 @@ struct Recorded {
 /// Records `op` with its arguments, the last `op.schema().arguments().size()` IValues of
 /// `stack`. Throws PyTorch's errors for invalid calls (devices, shapes: the meta kernel's own).
 Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const CallOptions& options);
+
+/// Records `op` with `args` (every schema argument; device tensors as LazyTensors, alone or in
+/// lists) whose outputs the caller knows: `outputs`, one descriptor per output (a Tensor[] return
+/// flat). No routing, plan key or shape inference: for a compiled part's genie::call_graph, whose
+/// capture described its outputs. The results go to `results`, as the schema returns them.
+/// Outcome kPython, nothing recorded, when a tensor argument is not a LazyTensor, holds no value
+/// or a lost one, or the tensors are on several devices: the dispatcher's path then raises the
+/// error. Takes the process lock; the caller may hold the GIL (tensors made here have no Python
+/// object yet: Recorded::fresh).
+Recorded recordKnown(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const std::vector<Desc>& outputs,
+                     std::vector<c10::IValue>& results);
 
 /// Ops recorded in C++ and handed to Python since the process started (genie.client_stats), and
 /// how the plan-cache misses were answered: by a shape rule or by the meta kernel.

@@ -71,8 +71,10 @@ def stats() -> dict:
     `recompiles` (of them, recompiles of a frame), `graph_breaks` (Dynamo's graph breaks since
     the first genie compile, all backends), `aten_graphs` (forward/backward/inference graphs
     compiled), `parts` and `calls` by engine ("node", "recorded", "eager"), and `graphs`: per
-    aten graph, its compile id, kind, device and parts (name, engine, ops, calls, and `why`:
-    why it is not a captured node part, the partitioner's reason for an eager op)."""
+    aten graph, its compile id, kind, device and parts (name, engine, ops, calls, `dispatched`:
+    captured calls recorded through PyTorch's dispatcher instead of the capture's direct call
+    (records.Part), and `why`: why it is not a captured node part, the partitioner's reason for
+    an eager op)."""
     parts: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
     calls: dict[str, int] = {"node": 0, "recorded": 0, "eager": 0}
     for graph in _books.graphs:
@@ -87,7 +89,8 @@ def stats() -> dict:
         "parts": parts,
         "calls": calls,
         "graphs": [{"compile_id": g.compile_id, "kind": g.kind, "device": g.device,
-                    "parts": [{"name": p.name, "engine": p.engine, "ops": list(p.ops), "calls": p.calls, "why": p.why}
+                    "parts": [{"name": p.name, "engine": p.engine, "ops": list(p.ops), "calls": p.calls,
+                               "dispatched": p.dispatched, "why": p.why}
                               for p in g.parts]} for g in _books.graphs],
     }
 
@@ -129,6 +132,7 @@ class _Capture:
     constants: list[torch.Tensor]
     output_ids: list[int]
     written: list[int]  # the arguments the part writes in place (a KV cache's copy_ write-back)
+    call: "_C.PartCall"  # records genie::call_graph for a call's arguments, without dispatch
 
 
 def _varies(val) -> bool:
@@ -144,13 +148,15 @@ class ExecutorPart(torch.nn.Module):
     the FX graph on the LazyTensors (its aten ops are recorded and run as eager's are) and
     captures those ops as one graph, registered on the node (`_C` Recording.capture_part). A
     later call of that geometry records one op, `genie::call_graph(graph, outputs, inputs)`,
-    which the node runs by an AOT Inductor package or, until it is built, by its executor
+    straight from its arguments (`_C.PartCall`: no dispatch, no shape inference; through
+    PyTorch's dispatcher only when it declines them, records.Part.dispatched), which the node
+    runs by an AOT Inductor package or, until it is built, by its executor
     (src/node/compiled_parts.h): nothing of the part is recorded or sent again. Write-backs
     (partition.py: `copy_` of an updated KV cache into an argument) are captured with the part,
     which then writes those arguments in place (call_graph's `written`). A part that cannot
     stand alone (an output aliases an input, an op other than a write-back writes an input, an
-    argument that is not a remote tensor or an int) keeps running its FX graph; `why` says why. At most
-    `MAX_CAPTURES` geometries are captured per part; others run the FX graph."""
+    argument that is not a remote tensor or an int) keeps running its FX graph; `why` says why.
+    At most `MAX_CAPTURES` geometries are captured per part; others run the FX graph."""
 
     MAX_CAPTURES = 32
 
@@ -173,9 +179,12 @@ class ExecutorPart(torch.nn.Module):
         key = self._key(args) if self.why is None else None
         capture = self.captures.get(key) if key is not None else None
         if capture is not None:
-            inputs = [args[i] for i in capture.arg_of_input] + capture.constants
-            out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs,
-                                             [args[i] for i in capture.written])
+            out = capture.call.call(args)
+            if out is NotImplemented:  # not the capture's tensors (an error, or autograd on): the dispatcher's path
+                self.part.dispatched += 1
+                inputs = [args[i] for i in capture.arg_of_input] + capture.constants
+                out = torch.ops.genie.call_graph(capture.graph, capture.output_ids, inputs,
+                                                 [args[i] for i in capture.written])
             return (tuple(out) if self.tuple_output else out[0]) if self.returns else None
         self.part.slow_calls += 1  # off the hot path: a new geometry, or a part that runs recorded
         capturing = key is not None and len(self.captures) < self.MAX_CAPTURES
@@ -233,11 +242,15 @@ class ExecutorPart(torch.nn.Module):
             arg_of_input[input_id] = k
         if any(i < 0 for i in arg_of_input):
             return "the graph's inputs are not the part's arguments"
-        capture = _Capture(graph, arg_of_input, [t.to(device) for t in inline_inputs], list(output_ids),
-                           [tensor_args[i] for i in written])
+        constants = [t.to(device) for t in inline_inputs]
+        inputs = [args[i] for i in arg_of_input] + constants
+        written_args = [tensor_args[i] for i in written]
+        capture = _Capture(graph, arg_of_input, constants, list(output_ids), written_args,
+                           _C.PartCall(graph, list(output_ids), arg_of_input, constants, written_args, inputs,
+                                       list(outs)))
         self.tuple_output = isinstance(out, (tuple, list))
         self.returns = out is not None
-        note_call_graph_outputs(graph, [args[i] for i in capture.arg_of_input] + capture.constants, outs)
+        note_call_graph_outputs(graph, inputs, outs)
         return capture
 
 

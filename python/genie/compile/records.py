@@ -26,7 +26,9 @@ class Part:
     custom op); `ops` its FX nodes' targets; `why`: why it is not a captured node part (the
     partitioner's reason for an eager op, capture's reason for a recorded part), else None.
     Counters: `calls` (every call), `slow_calls` (calls that ran no captured graph: a new
-    geometry captured, a recorded run), `captures` (argument geometries captured and registered
+    geometry captured, a recorded run), `dispatched` (captured calls recorded through PyTorch's
+    dispatcher because the capture's direct call (`_C.PartCall`) declined the arguments: a lost
+    input, a gradient needed), `captures` (argument geometries captured and registered
     on the node: the part's cache misses; `calls - slow_calls` are its hits), `capture_s`
     (seconds spent in the calls that captured or tried to: running the FX graph on LazyTensors,
     the capture and the RegisterGraph round trip); `graphs`: the graph ids (hex) of its
@@ -39,6 +41,7 @@ class Part:
     calls: int = 0
     why: str | None = None
     slow_calls: int = 0
+    dispatched: int = 0
     captures: int = 0
     capture_s: float = 0.0
     graphs: list[str] = field(default_factory=list)

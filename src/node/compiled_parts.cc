@@ -463,6 +463,16 @@ void CompiledParts::build(Part& part) {
                                stem + ".json", "--out", package},
                               stem + ".log", worker_pid_);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    bool shutting_down = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      shutting_down = stopping_;
+    }
+    if (rc != 0 && shutting_down) {  // the destructor killed the worker: no failure of the part's
+      GENIE_LOG_INFO("compiled part {}: its package build was stopped after {:.1f} s: the node is shutting down",
+                     part.graph_hex, seconds);
+      return;
+    }
     if (rc != 0) {
       failures_.fetch_add(1, std::memory_order_relaxed);
       GENIE_LOG_WARN("compiled part {}: the compile worker failed (exit {}, {:.1f} s): {}; it runs by the executor",

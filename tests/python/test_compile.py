@@ -490,6 +490,14 @@ def test_a_node_restart_reuses_the_package_and_a_corrupted_one_falls_back(tmp_pa
     assert not packages[0].exists()
 
 
+def test_a_node_that_stops_while_it_builds_a_package_reports_no_failure(tmp_path):
+    cache = tmp_path / "packages"
+    stats, log = _run_restart_program(cache, "no-wait")  # exits while the node's worker builds
+    assert stats["packages_built"] == 0 and stats["compile_failures"] == 0, stats
+    assert list(cache.glob("*.graph")), "the node never started its compile worker"
+    assert "compile worker failed" not in log, log[-3000:]  # its shutdown stopped the build: no failure
+
+
 def test_a_compiled_optimizer_step_equals_eager_cpu():
     def train(device, compile_it):
         torch.manual_seed(0)

@@ -503,8 +503,8 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
 namespace {
 
 /// `a` as a node argument: a LazyTensor (alone or in a Tensor[]) as its Value capsule, anything
-/// else as it is. False when a tensor
-/// is not a LazyTensor on `rec` (set from the first one) or holds no value or a lost one.
+/// else as it is. False when a tensor is not a LazyTensor on `rec` (set from the first one) or
+/// holds no value or a lost one.
 bool knownArgument(const c10::IValue& a, Recording*& rec, c10::IValue& out) {
   auto one = [&rec](const c10::IValue& x, c10::IValue& converted) {
     LazyTensorImpl* impl = x.isTensor() ? lazyImpl(x.toTensor()) : nullptr;

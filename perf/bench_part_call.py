@@ -60,13 +60,14 @@ def main(argv=None) -> int:
     import genie
     from transformers import GPT2Config, GPT2LMHeadModel
     from genie import runtime
+    from genie.demo import models
     from genie.compile import compiler
     from bench_compile import gpt2_decode
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads)
     model = GPT2LMHeadModel(config).eval().to(DEV)
-    prompt = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]])
+    prompt = torch.tensor([models.PROMPT_IDS[:10]])  # genie.demo's GPT-2 prompt, its first 10 tokens
     compiled = torch.compile(model, backend="genie", dynamic=False)
 
     path = ["direct"]

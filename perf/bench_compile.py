@@ -7,14 +7,19 @@ prompt + tokens; the prefill eager, each decode step one compiled forward and a 
 token, as ``generate`` does), ResNet-50 on a batch of 8 images, MiniLM on its 16 sentences.
 
 Three sides per model, in one process on this machine, alternated ``--rounds`` times after
-warm-ups: local eager (CPU), local inductor (CPU), and Genie compiled (the model on
-``remote_accelerator:0``, the embedded CPU node on loopback; timed once every call runs by
-the node's AOT Inductor package). Reported per model: the median time per call (GPT-2: per
-decode step, steps 1..tokens-1) of each side and the ratios; for Genie, bytes sent per call,
-the client process's CPU time per call (``time.process_time``: every thread of this process,
-the model's and HuggingFace's Python included; for GPT-2 split into Dynamo's share, the calling
-thread's CPU outside the backend's compiled callable: guards, frame setup, rebuilding the
-outputs, which local inductor pays too, and Genie's, the rest), the node's engine counts,
+warm-ups: local eager and local inductor on ``--device`` (default cpu), and Genie compiled
+(the model on ``remote_accelerator:0``, the embedded node on loopback, its device
+``--device`` too: GENIE_EMBEDDED_DEVICE; timed once every call runs by the node's AOT Inductor
+package). ``--mode`` is torch.compile's, given to both compiled sides: "reduce-overhead" on
+CUDA means CUDA graphs locally (Inductor's cudagraph trees) and on the node (the package's run
+captured and replayed; the node's ``cuda_graph_replays`` are reported). Reported per model:
+the median time per call (GPT-2: per decode step, steps 1..tokens-1) of each side and the
+ratios; for Genie, bytes sent per call, the client process's CPU time per call
+(``time.process_time``: every thread of this process, the model's and HuggingFace's Python
+included; for GPT-2 split into Dynamo's share, the calling thread's CPU outside the backend's
+compiled callable: guards, frame setup, rebuilding the outputs, which local inductor pays too,
+and Genie's, the rest; of Genie's, the compiled call's own, the calling thread's CPU inside the
+backend's callable: ``compiled_call_cpu_ms``), the node's engine counts,
 recompiles; compile
 times: the client's first call (Dynamo, AOTAutograd, capture), the node's package build from
 an empty cache ("cold": first call until the first call the package ran) and after a node
@@ -23,6 +28,7 @@ the three sides generate the same ids.
 
     UCX_NET_DEVICES=lo .venv/bin/python perf/bench_compile.py                 # all three, docs/perf/compile.json
     UCX_NET_DEVICES=lo .venv/bin/python perf/bench_compile.py --models gpt2 --tokens 32 --rounds 3
+    UCX_NET_DEVICES=lo python perf/bench_compile.py --models gpt2 --device cuda:0 --mode reduce-overhead   # a GPU machine
 """
 from __future__ import annotations
 
@@ -52,6 +58,10 @@ def parse_args(argv=None):
                         "(default: %(default)s)")
     parser.add_argument("--build-timeout", type=float, default=1800, help="seconds to wait for a package "
                         "(default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="the local sides' and the node's device: cpu or cuda:N "
+                        "(default: %(default)s)")
+    parser.add_argument("--mode", default="default", help="torch.compile's mode for both compiled sides "
+                        "(default: %(default)s)")
     parser.add_argument("--json", type=pathlib.Path, default=DEFAULT_JSON, help="results (default: docs/perf/compile.json)")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
@@ -78,8 +88,8 @@ _INSIDE = [0.0]
 
 def timed(backend):
     """`backend` whose compiled callables add their calling thread's CPU time to _INSIDE."""
-    def timed_backend(gm, example_inputs):
-        compiled = backend(gm, example_inputs)
+    def timed_backend(gm, example_inputs, **kwargs):  # kwargs: torch.compile's mode or options
+        compiled = backend(gm, example_inputs, **kwargs)
 
         def run(*args):
             start = time.thread_time()
@@ -91,11 +101,12 @@ def timed(backend):
     return timed_backend
 
 
-def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None = None):
+def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None = None,
+                inside: list | None = None):
     """Greedy decode with a StaticCache; returns (ids [1, tokens], decode step seconds, client
     CPU seconds per decode step, bytes sent per decode step (0 on the CPU)). `dynamo`: gets the
     thread CPU seconds of each step's call spent outside the compiled callables (a `timed`
-    backend's): Dynamo's share."""
+    backend's): Dynamo's share; `inside`: those spent inside them (the backend's call)."""
     import genie
     import torch
     from transformers import StaticCache
@@ -111,10 +122,12 @@ def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None
             before = genie.client_stats()["bytes_sent"] if remote else 0
             wall, proc = time.perf_counter(), time.process_time()
             position = torch.tensor([n + i]).to(device)
-            call, inside = time.thread_time(), _INSIDE[0]
+            call, inside_before = time.thread_time(), _INSIDE[0]
             out = forward(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True)
             if dynamo is not None:
-                dynamo.append(time.thread_time() - call - (_INSIDE[0] - inside))
+                dynamo.append(time.thread_time() - call - (_INSIDE[0] - inside_before))
+            if inside is not None:
+                inside.append(_INSIDE[0] - inside_before)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             ids.append(token.cpu())
             steps.append(time.perf_counter() - wall)
@@ -146,18 +159,19 @@ def measure_gpt2(args) -> dict:
     import genie
     from genie.demo import models
     workload = models.load_gpt2()
-    cpu_model, prompt = workload.model, workload.prompt
-    local_inductor = torch.compile(cpu_model, backend="inductor", dynamic=False)
+    local_model, prompt = workload.model.to(args.device), workload.prompt
+    local_inductor = torch.compile(local_model, backend="inductor", dynamic=False, mode=args.mode)
     remote = models.load_gpt2().model.to(DEV)
     # backend="genie" itself, timed: the client CPU per call splits into Dynamo's and Genie's.
     from genie.compile.compiler import backend as genie_backend
-    compiled = torch.compile(remote, backend=timed(genie_backend), dynamic=False)
-    result: dict = {"model": "gpt2", "what": f"decode step, {args.tokens} tokens, StaticCache"}
+    compiled = torch.compile(remote, backend=timed(genie_backend), dynamic=False, mode=args.mode)
+    result: dict = {"model": "gpt2", "what": f"decode step, {args.tokens} tokens, StaticCache",
+                    "device": args.device, "mode": args.mode}
 
     # Every decode uses the same cache length (max_cache_len = prompt + tokens): the shapes of
     # the warm-ups are the timed runs' (another length is a recompile and another package).
     t0 = time.perf_counter()
-    gpt2_decode(cpu_model, local_inductor, "cpu", prompt, args.tokens)
+    gpt2_decode(local_model, local_inductor, args.device, prompt, args.tokens)
     result["local_inductor_compile_s"] = time.perf_counter() - t0
     compile_before = genie.compile_stats()
     t0 = time.perf_counter()
@@ -166,18 +180,18 @@ def measure_gpt2(args) -> dict:
     # Cold: the node builds the package (decode steps keep running by the executor meanwhile).
     result["node_build_cold_s"] = until_packages_run(lambda: gpt2_decode(remote, compiled, DEV, prompt, args.tokens),
                                                      args.tokens - 1, args.build_timeout)
-    sides = {"eager": (cpu_model, cpu_model, "cpu"), "inductor": (cpu_model, local_inductor, "cpu"),
+    sides = {"eager": (local_model, local_model, args.device), "inductor": (local_model, local_inductor, args.device),
              "genie": (remote, compiled, DEV)}
     steps = {k: [] for k in sides}
     ids = {}
-    cpu_per_step, sent, package_calls, dynamo_cpu = [], [], [], []
+    cpu_per_step, sent, package_calls, graph_replays, dynamo_cpu, call_cpu = [], [], [], [], [], []
     recompiles_before = genie.compile_stats()["recompiles"]
     for _ in range(args.rounds):
         for name, (model, forward, device) in sides.items():
             if name == "genie":
                 before_client, before_node = genie.client_stats(), node_stats()
             got, step_s, cpu_s, sent_b = gpt2_decode(model, forward, device, prompt, args.tokens,
-                                                     dynamo_cpu if name == "genie" else None)
+                                                     *((dynamo_cpu, call_cpu) if name == "genie" else ()))
             ids[name] = got
             steps[name].extend(step_s)
             if name == "genie":
@@ -185,15 +199,18 @@ def measure_gpt2(args) -> dict:
                 cpu_per_step.extend(cpu_s)
                 sent.extend(sent_b)
                 package_calls.append(after_node["package_calls"] - before_node["package_calls"])
+                graph_replays.append(after_node["cuda_graph_replays"] - before_node["cuda_graph_replays"])
     result.update(
         {f"{k}_ms": statistics.median(v) * 1e3 for k, v in steps.items()},
         same_ids=bool(torch.equal(ids["genie"], ids["eager"])),
         inductor_same_ids=bool(torch.equal(ids["inductor"], ids["eager"])),
         client_cpu_ms_per_call=statistics.median(cpu_per_step) * 1e3,
         dynamo_cpu_ms_per_call=statistics.median(dynamo_cpu) * 1e3,
+        compiled_call_cpu_ms=statistics.median(call_cpu) * 1e3,
         genie_cpu_ms_per_call=(statistics.median(cpu_per_step) - statistics.median(dynamo_cpu)) * 1e3,
         bytes_sent_per_call=statistics.median(sent),
         package_calls_per_run=package_calls,
+        cuda_graph_replays_per_run=graph_replays,
         recompiles_in_timed_runs=genie.compile_stats()["recompiles"] - recompiles_before,
         recompiles_total=genie.compile_stats()["recompiles"] - compile_before["recompiles"],
     )
@@ -201,7 +218,7 @@ def measure_gpt2(args) -> dict:
     genie.shutdown()
     torch._dynamo.reset()
     remote = models.load_gpt2().model.to(DEV)
-    compiled = torch.compile(remote, backend="genie", dynamic=False)
+    compiled = torch.compile(remote, backend="genie", dynamic=False, mode=args.mode)
     t0 = time.perf_counter()
     gpt2_decode(remote, compiled, DEV, prompt, args.tokens)
     result["node_load_warm_s"] = until_packages_run(lambda: gpt2_decode(remote, compiled, DEV, prompt, args.tokens),
@@ -217,29 +234,30 @@ def measure_batch(args, name: str) -> dict:
     from genie.demo import models
     if name == "resnet50":
         workload = models.load_resnet50()
-        cpu_model = workload.model
+        local_model = workload.model.to(args.device)
         inputs = {"x": torch.cat([workload.images] * 2)[:8]}
         remote_model = models.load_resnet50().model.to(DEV)
         call = lambda m, dev, i: m(i["x"].to(dev))  # noqa: E731
     else:
         workload = models.load_minilm()
-        cpu_model = workload.model
+        local_model = workload.model.to(args.device)
         inputs = workload.encoded
         remote_model = models.load_minilm().model.to(DEV)
         call = lambda m, dev, i: m(**{k: v.to(dev) for k, v in i.items()}).last_hidden_state  # noqa: E731
-    result: dict = {"model": name, "what": "resnet50 batch 8" if name == "resnet50" else "minilm 16 sentences"}
-    local_inductor = torch.compile(cpu_model, backend="inductor", dynamic=False)
-    compiled = torch.compile(remote_model, backend="genie", dynamic=False)
+    result: dict = {"model": name, "what": "resnet50 batch 8" if name == "resnet50" else "minilm 16 sentences",
+                    "device": args.device, "mode": args.mode}
+    local_inductor = torch.compile(local_model, backend="inductor", dynamic=False, mode=args.mode)
+    compiled = torch.compile(remote_model, backend="genie", dynamic=False, mode=args.mode)
     with torch.no_grad():
         t0 = time.perf_counter()
-        expected = call(local_inductor, "cpu", inputs)
+        expected = call(local_inductor, args.device, inputs)
         result["local_inductor_compile_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         call(compiled, DEV, inputs).cpu()
         result["client_first_call_s"] = time.perf_counter() - t0
         result["node_build_cold_s"] = until_packages_run(lambda: call(compiled, DEV, inputs).cpu(), 1,
                                                          args.build_timeout)
-        sides = {"eager": (cpu_model, "cpu"), "inductor": (local_inductor, "cpu"), "genie": (compiled, DEV)}
+        sides = {"eager": (local_model, args.device), "inductor": (local_inductor, args.device), "genie": (compiled, DEV)}
         times = {k: [] for k in sides}
         outs = {}
         cpu, sent = [], []
@@ -273,6 +291,7 @@ def main(argv=None) -> int:
     # The embedded node's package cache: empty, so that the first build is a cold one.
     cache = tempfile.mkdtemp(prefix="genie-bench-compile-")
     os.environ["GENIE_NODE_COMPILE_CACHE"] = cache
+    os.environ["GENIE_EMBEDDED_DEVICE"] = args.device
     os.environ.setdefault("GENIE_LOG_LEVEL", "warn")
     import torch
     import genie  # noqa: F401 - the device

@@ -22,6 +22,11 @@ Four parts, each figure beside its baseline measured in the same run on the same
                  CUDA eager, and whether both generated the same token ids.
   models         perf/bench_models.py's models (MiniLM, GPT-2, ResNet-50; random weights, no
                  download) with ``--local-device cuda:0``: times on both sides and its output checks.
+  compile        GPT-2 124M decode with torch.compile, perf/bench_compile.py ``--device cuda:0``:
+                 ``backend="genie"`` (the node on the GPU runs the AOT Inductor package) against
+                 local ``backend="inductor"`` and local eager on the same GPU, in mode "default"
+                 and in mode "reduce-overhead" (CUDA graphs on both sides); the same ids, the
+                 node's package calls and CUDA graph replays, the package build times.
 
 The environment (date, commit, GPU, driver, CUDA, torch, UCX and its transports) and every
 table's command go to docs/perf/gpu.md and docs/perf/gpu.json, and to ``--out DIR`` as well.
@@ -59,7 +64,7 @@ from dataclasses import dataclass
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "perf"
 MIB = 1 << 20
-PARTS = ("upload", "ucx_perftest", "decode", "models")
+PARTS = ("upload", "ucx_perftest", "decode", "models", "compile")
 
 
 def say(message: str) -> None:
@@ -82,7 +87,7 @@ def parse_args(argv=None):
                         help="everything on the CPU, ucx_perftest -m host; writes only to --out or a temporary folder")
     parser.add_argument("--out", metavar="DIR", type=pathlib.Path, help="also write gpu.md and gpu.json here")
     parser.add_argument("--rounds", type=int, help="upload rounds per size (default 10, --quick 5)")
-    parser.add_argument("--parts", default="upload,ucx_perftest,decode,models",
+    parser.add_argument("--parts", default="upload,ucx_perftest,decode,models,compile",
                         help="comma-separated subset of %(default)s")
     parser.add_argument("--perftest-mem", help="ucx_perftest -m of the baseline (default host,cuda; dry run: host)")
     args = parser.parse_args(argv)
@@ -465,6 +470,31 @@ def summarize_models(doc: dict) -> dict:
     return {"command": doc["command"], "repeat": doc["repeat"], "quick": doc["quick"], "rows": rows}
 
 
+def measure_compile(mode: Mode, folder: pathlib.Path) -> dict:
+    """perf/bench_compile.py's GPT-2 on the node's device, once per compile mode (the dry run:
+    mode "default" only: CUDA graphs need a GPU)."""
+    tokens, rounds = (8, 2) if mode.quick else (32, 3)
+    out, failures = {"modes": {}}, []
+    for compile_mode in (("default", "reduce-overhead") if mode.gpu else ("default",)):
+        arguments = ["--models", "gpt2", "--device", mode.local_device, "--mode", compile_mode, "--tokens", str(tokens),
+                     "--rounds", str(rounds), "--build-timeout", "400"]
+        try:
+            out["modes"][compile_mode] = run_script("bench_compile.py", arguments, mode,
+                                                    folder / f"compile-{compile_mode}.json", 900, summarize_compile)
+        except PartFailed as failed:  # the other mode still runs
+            out["modes"][compile_mode] = failed.result
+            failures.append(str(failed))
+    if failures:
+        raise PartFailed(out, "\n\n".join(failures))
+    return out
+
+
+def summarize_compile(doc: dict) -> dict:
+    """bench_compile's GPT-2 result with its command."""
+    results = doc.get("results") or [{}]
+    return dict(results[0], command=doc.get("command", ""))
+
+
 def run_part(name: str, measure) -> dict:
     """{"status": "ok" | "failed", "seconds", "result", "error": traceback or None}."""
     say(f"part {name} ...")
@@ -579,6 +609,31 @@ def models_section(doc: dict) -> list:
     return lines + [""]
 
 
+def compile_section(doc: dict) -> list:
+    mode = doc["mode"]
+    measured = (doc["parts"].get("compile", {}).get("result") or {}).get("modes", {})
+    lines = ["## GPT-2 124M decode compiled: torch.compile(backend=\"genie\") against local inductor and eager", ""]
+    rows = []
+    for compile_mode, r in measured.items():
+        if not r or "genie_ms" not in r:
+            continue
+        replays = r.get("cuda_graph_replays_per_run", [])
+        rows.append([f"`{compile_mode}`", f"{r['eager_ms']:.2f} ms", f"{r['inductor_ms']:.2f} ms", f"{r['genie_ms']:.2f} ms",
+                     f"{r['genie_ms'] / r['inductor_ms']:.2f}x", f"{r['genie_ms'] / r['eager_ms']:.2f}x",
+                     "yes" if r["same_ids"] else "NO", f"{r['client_cpu_ms_per_call']:.2f} ms",
+                     f"{r['bytes_sent_per_call']:.0f} B", ", ".join(map(str, r.get("package_calls_per_run", []))),
+                     ", ".join(map(str, replays)) or "-", f"{r['node_build_cold_s']:.1f} s"])
+    if not rows:
+        return lines + [not_measured(doc, "compile"), ""]
+    commands = "; ".join(f"`{r['command']}`" for r in measured.values() if r and r.get("command"))
+    lines += [f"Commands: {commands}. Medians per decode step (steps 1 to tokens-1), the three sides alternated "
+              "in one process after warm-ups.", ""]
+    lines += table(["mode", f"local eager {mode['local_device']}", "local inductor", f"Genie (node on {mode['node_device']})",
+                    "Genie/inductor", "Genie/eager", "same ids", "client CPU per step", "sent per step",
+                    "package calls per run", "CUDA graph replays per run", "node package build"], rows)
+    return lines + [""]
+
+
 def markdown(doc: dict) -> str:
     env, mode = doc["environment"], doc["mode"]
     memory = f", {env['gpu_memory_bytes'] / (1 << 30):.1f} GiB" if "gpu_memory_bytes" in env else ""
@@ -598,7 +653,7 @@ def markdown(doc: dict) -> str:
         ["UCX", f"{env['ucx']}; UCX_TLS {env['ucx_tls']}; UCX_NET_DEVICES {env['ucx_net_devices']}"],
         ["node / local eager device", f"GENIE_EMBEDDED_DEVICE={env['node_device']} / {env['local_device']}"]])
     lines.append("")
-    lines += upload_section(doc) + decode_section(doc) + models_section(doc)
+    lines += upload_section(doc) + decode_section(doc) + models_section(doc) + compile_section(doc)
     failed = {name: part for name, part in doc["parts"].items() if part["error"]}
     if failed:
         lines += ["## Errors", ""]
@@ -638,7 +693,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as scratch:
         measures = {"upload": lambda: measure_upload(mode), "ucx_perftest": lambda: measure_perftest(mode),
                     "decode": lambda: measure_decode(mode, pathlib.Path(scratch)),
-                    "models": lambda: measure_models(mode, pathlib.Path(scratch))}
+                    "models": lambda: measure_models(mode, pathlib.Path(scratch)),
+                    "compile": lambda: measure_compile(mode, pathlib.Path(scratch))}
         for name in args.parts:
             doc["parts"][name] = run_part(name, measures[name])
     doc["passed"] = all(part["status"] == "ok" for part in doc["parts"].values())

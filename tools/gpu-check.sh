@@ -16,7 +16,8 @@
 # nothing is downloaded.
 #
 # Options: --out DIR copies gpu.md, gpu.json and the logs there too (a lent GPU machine
-# returns files from $OUT); --quick: the benchmarks' short sizes. GENIE_PYTHON: the Python
+# returns files from $OUT); --quick: the benchmarks' short sizes; --parts LIST: bench_gpu.py's
+# parts (default all: upload,ucx_perftest,decode,models,compile). GENIE_PYTHON: the Python
 # with torch (default: .venv/bin/python if present, else python3).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the comment above, nothing run
@@ -25,13 +26,14 @@ fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-MODE=gpu OUT_DIR="" QUICK=""
+MODE=gpu OUT_DIR="" QUICK="" PARTS=()
 while (($#)); do
   case "$1" in
     --pack) MODE=pack ;;
     --no-gpu) MODE=no-gpu ;;
     --quick) QUICK=--quick ;;
     --out) OUT_DIR="$2"; shift ;;
+    --parts) PARTS=(--parts "$2"); shift ;;
     *) echo "gpu-check: unknown option $1 (--help)" >&2; exit 2 ;;
   esac
   shift
@@ -135,7 +137,7 @@ if [ "$MODE" = no-gpu ]; then
 fi
 
 step "GPU benchmarks (perf/bench_gpu.py $QUICK)"
-PYTHONUNBUFFERED=1 "$PYTHON" perf/bench_gpu.py $QUICK 2>&1 | tee "$LOGS/bench_gpu.log" || status=1
+PYTHONUNBUFFERED=1 "$PYTHON" perf/bench_gpu.py $QUICK "${PARTS[@]}" 2>&1 | tee "$LOGS/bench_gpu.log" || status=1
 if [ -f docs/perf/gpu.md ]; then
   {
     echo

@@ -556,6 +556,7 @@ class PyClient {
     out["peer_bytes_sent"] = s->peer_bytes_sent;
     out["peer_bytes_received"] = s->peer_bytes_received;
     out["peer_transfers"] = s->peer_transfers;
+    out["cuda_graph_replays"] = s->cuda_graph_replays;
     py::dict colocation;
     for (const auto& g : s->colocation) {
       py::dict group;
@@ -575,6 +576,7 @@ class PyClient {
       part["build_s"] = static_cast<double>(p.build_us) / 1e6;
       part["from_cache"] = p.from_cache;
       part["reason"] = p.reason;
+      part["cuda_graph_replays"] = p.cuda_graph_replays;
       parts.append(part);
     }
     out["parts"] = parts;
@@ -879,14 +881,16 @@ waits until every run sent so far is answered (at most the request timeout).)doc
 stats(parts=[]) -> dict: the node's statistics: sessions, resident ({residency name: bytes}),
 graphs_cached, ops_executed, bytes_in, bytes_out (bytes), memory_limit (bytes, 0 = none),
 uptime_us (µs), session_resident, device_free, device_total (bytes), package_calls,
-executor_calls, packages_built, packages_loaded, compile_failures (compiled parts),
+executor_calls, packages_built, packages_loaded, compile_failures, cuda_graph_replays (compiled
+parts; the last: package calls run as a replay of the package's CUDA graph),
 peer_bytes_sent, peer_bytes_received (bytes, headers and payloads, this node sent to and
 received from other nodes: send_tensors), peer_transfers (send_tensors this node served plus
 those it received), colocation ({group: {"bytes": admitted with, "resident": bytes now}}: this
 session's co-location groups), parts (one dict per compiled part of the graphs `parts` names,
 16-byte graph ids, at most 1024: graph, inputs, state "package" / "building" / "executor",
 package_calls, executor_calls, build_s (s; 0 when found in the node's cache), from_cache,
-reason (why the executor runs it)).
+reason (why the executor runs it, or why a part that wants a CUDA graph has none),
+cuda_graph_replays).
 )doc")
       .def("send_tensors", returning(&PyClient::sendTensors), py::arg("peer"), py::arg("auth_token"),
            py::arg("peer_session"), py::arg("handles"), py::arg("peer_handles"), R"doc(

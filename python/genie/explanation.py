@@ -329,7 +329,8 @@ def _add_compiled(report: Explanation, since, nodes_before: dict) -> None:
 def _add_part_facts(report: Explanation) -> None:
     """Gives each node part of `report.compiled` its node's facts, `node`: one dict per captured
     geometry (Stats.parts: `state` "package", "building" or "executor", `package_calls`,
-    `executor_calls` since the node first ran it, `build_s`, `from_cache`, `reason`), from one
+    `executor_calls` since the node first ran it, `cuda_graph_replays` (of the package calls),
+    `build_s`, `from_cache`, `reason`), from one
     Stats request per device. A node that cannot answer is left out, its error in `errors`."""
     from . import runtime
     wanted: dict[str, list[dict]] = {}
@@ -359,7 +360,8 @@ def _part_fact(fact: dict) -> str:
     calls = f"{fact['package_calls']} call(s) by its package, {fact['executor_calls']} by the executor"
     if fact["state"] == "package":
         built = "found in the node's cache" if fact["from_cache"] else f"built in {fact['build_s']:.1f} s"
-        return f"package ({built}); {calls}"
+        graphs = f", {fact['cuda_graph_replays']} of them CUDA graph replays" if fact.get("cuda_graph_replays") else ""
+        return f"package ({built}); {calls}{graphs}" + (f"; {fact['reason']}" if fact["reason"] else "")
     if fact["state"] == "building":
         return f"its package is being built, the executor runs it meanwhile; {calls}"
     return f"executor ({fact['reason'] or 'no package'}); {calls}"

@@ -636,6 +636,7 @@ Result<wire::StatsArgs> Client::stats(std::span<const wire::GraphId> parts) {
   out.peer_bytes_sent = s->peer_bytes_sent();
   out.peer_bytes_received = s->peer_bytes_received();
   out.peer_transfers = s->peer_transfers();
+  out.cuda_graph_replays = s->cuda_graph_replays();
   for (uint32_t i = 0; s->colocation() && i < s->colocation()->size(); ++i) {
     const wire::ColocationBytes* g = s->colocation()->Get(i);
     out.colocation.push_back({std::string(wire::stringOf(g->group())), g->bytes(), g->resident()});
@@ -651,6 +652,7 @@ Result<wire::StatsArgs> Client::stats(std::span<const wire::GraphId> parts) {
     part.build_us = p->build_us();
     part.from_cache = p->from_cache();
     part.reason = std::string(wire::stringOf(p->reason()));
+    part.cuda_graph_replays = p->cuda_graph_replays();
     out.parts.push_back(std::move(part));
   }
   impl_->noteResident(out.session_resident);

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "compiled_cuda.h"
 #include "genie/log.h"
 #include "genie/wire/torch_dtype.h"
 
@@ -42,6 +43,13 @@ constexpr int kWorkerFormat = 1;
 /// and builds waiting for the compile thread. Past them a part runs by the executor, untracked.
 constexpr size_t kMaxParts = 4096;
 constexpr size_t kMaxQueuedBuilds = 64;
+/// CUDA graphs (mode "reduce-overhead"): package runs before the first capture (the first
+/// loads the kernels and cuBLAS's handles; the two tell which inputs change address); a
+/// capture replayed fewer times than kMinReplaysPerCapture before a fixed input moved is short,
+/// and after kMaxShortCaptures short ones the part runs without a graph.
+constexpr int kGraphWarmups = 2;
+constexpr uint64_t kMinReplaysPerCapture = 8;
+constexpr int kMaxShortCaptures = 8;
 
 std::string hexOf(std::string_view bytes) {
   const auto id = wire::hashGraph({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
@@ -105,7 +113,11 @@ std::optional<std::string> makePrivateDir(const std::string& dir) {
 /// architecture: what a compiled package is specific to besides torch.
 std::string deviceFingerprint(c10::Device device) {
   if (device.is_cpu()) return "cpu-" + at::get_cpu_capability();
-  return fmt::format("{}", device.str());  // a GPU's architecture: the worker builds for the device it finds
+  if (device.is_cuda()) {
+    const std::string arch = cudaArchitecture(device.has_index() ? device.index() : 0);
+    return fmt::format("{} {}", device.str(), arch.empty() ? "(architecture unknown: a build without CUDA)" : arch);
+  }
+  return device.str();
 }
 
 std::string environmentFingerprint() {
@@ -172,6 +184,16 @@ struct CompiledParts::Part {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;      // set once, before kReady
   std::vector<OutputLayout> layouts;
   std::mutex run_mutex;
+  // CUDA graphs: set with the loader (mode "reduce-overhead" on a CUDA node); the rest under run_mutex.
+  bool wants_graph = false;
+  std::unique_ptr<PackageGraph> graph;
+  int package_runs = 0;                 // warm-up runs (without a graph)
+  int short_captures = 0;               // captures replayed fewer than kMinReplaysPerCapture times
+  uint64_t replays_since_capture = 0;
+  bool graph_off = false;               // a capture failed, or too many short ones: runs without a graph
+  std::vector<bool> moving;             // inputs given static buffers (compiled_cuda.h)
+  std::vector<const void*> last_addresses;  // each input's address at the previous call
+  std::atomic<uint64_t> graph_replays{0};
 };
 
 CompiledParts* CompiledParts::current() { return g_current.load(); }
@@ -206,7 +228,7 @@ CompiledParts::~CompiledParts() {
 
 CompiledParts::Counts CompiledParts::counts() const {
   return {package_calls_.load(), executor_calls_.load(), packages_built_.load(), packages_loaded_.load(),
-          failures_.load()};
+          failures_.load(), graph_replays_.load()};
 }
 
 std::shared_ptr<CompiledParts::Part> CompiledParts::partFor(const std::string& graph,
@@ -284,7 +306,7 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
       std::vector<at::Tensor> out;
       {
         std::lock_guard<std::mutex> run_lock(part->run_mutex);
-        out = part->loader->run(inputs);
+        out = part->wants_graph ? runWithGraph(*part, inputs, written) : part->loader->run(inputs);
       }
       TORCH_CHECK(out.size() == output_ids.size(), "the package returned ", out.size(), " outputs, not ",
                   output_ids.size());
@@ -326,6 +348,78 @@ std::vector<at::Tensor> CompiledParts::call(const std::string& graph, const std:
   return out;
 }
 
+std::vector<at::Tensor> CompiledParts::runWithGraph(Part& part, const std::vector<at::Tensor>& inputs,
+                                                     const std::vector<at::Tensor>& written) {
+  // Which inputs changed address since the previous call. Those that change during the
+  // warm-up runs, or that make a graph fail its replay soon after its capture, move (a token, a
+  // position: a new tensor each call) and get static buffers; the others are fixed (weights, a
+  // KV cache), and a graph is captured again when one of them is elsewhere (a new cache).
+  const size_t n = inputs.size();
+  if (part.moving.size() != n) part.moving.assign(n, false);
+  std::vector<size_t> changed;
+  for (size_t i = 0; i < n && part.last_addresses.size() == n; ++i) {
+    if (inputs[i].data_ptr() != part.last_addresses[i]) changed.push_back(i);
+  }
+  part.last_addresses.resize(n);
+  for (size_t i = 0; i < n; ++i) part.last_addresses[i] = inputs[i].data_ptr();
+  auto* loader = part.loader.get();
+  if (part.graph != nullptr) {
+    size_t moved = 0;
+    if (auto out = part.graph->replay(inputs, &moved)) {
+      ++part.replays_since_capture;
+      graph_replays_.fetch_add(1, std::memory_order_relaxed);
+      part.graph_replays.fetch_add(1, std::memory_order_relaxed);
+      return std::move(*out);
+    }
+    part.graph.reset();
+    if (part.replays_since_capture < kMinReplaysPerCapture) {  // captured for little: these move often
+      for (size_t i : changed) part.moving[i] = true;
+      part.moving[moved] = true;
+      ++part.short_captures;
+    }
+    GENIE_LOG_INFO("compiled part {}: input {} changed address after {} replays; its CUDA graph is captured again",
+                   part.graph_hex, moved, part.replays_since_capture);
+  } else if (part.graph_off) {
+    return loader->run(inputs);
+  } else {  // warm-up runs, then the first capture
+    for (size_t i : changed) part.moving[i] = true;
+    if (++part.package_runs <= kGraphWarmups) return loader->run(inputs);
+  }
+  std::string why;
+  if (part.short_captures >= kMaxShortCaptures) {
+    why = fmt::format("its inputs changed address soon after each of {} CUDA graph captures", part.short_captures);
+  } else {
+    std::vector<bool> writes(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      writes[i] = std::any_of(written.begin(), written.end(), [&](const at::Tensor& w) { return inputs[i].is_alias_of(w); });
+    }
+    try {
+      part.graph = PackageGraph::capture(
+          [loader](const std::vector<at::Tensor>& in, void* stream) { return loader->run(in, stream); }, inputs,
+          part.moving, writes);
+      part.replays_since_capture = 0;
+      size_t moved = 0;
+      if (auto out = part.graph->replay(inputs, &moved)) {  // the capture ran nothing: this call's run
+        graph_replays_.fetch_add(1, std::memory_order_relaxed);
+        part.graph_replays.fetch_add(1, std::memory_order_relaxed);
+        return std::move(*out);
+      }
+      why = "its replay found an input moved during the capture";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      why = fmt::format("its CUDA graph capture failed: {}", what.substr(0, what.find('\n')));
+    }
+  }
+  part.graph.reset();
+  part.graph_off = true;
+  GENIE_LOG_WARN("compiled part {} (package {}): runs without a CUDA graph: {}", part.graph_hex, part.key, why);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    part.reason = "runs its package without a CUDA graph: " + why;
+  }
+  return loader->run(inputs);
+}
+
 std::vector<wire::StatsArgs::Part> CompiledParts::facts(std::span<const wire::GraphId> graphs) const {
   std::vector<wire::StatsArgs::Part> out;
   if (graphs.empty()) return out;
@@ -341,6 +435,7 @@ std::vector<wire::StatsArgs::Part> CompiledParts::facts(std::span<const wire::Gr
     f.build_us = static_cast<uint64_t>(part->build_s * 1e6);
     f.from_cache = part->from_cache;
     f.reason = part->reason;
+    f.cuda_graph_replays = part->graph_replays.load(std::memory_order_relaxed);
     out.push_back(std::move(f));
   }
   return out;
@@ -427,9 +522,17 @@ void evict(const std::string& dir, uint64_t limit, const fs::path& keep) {
 
 void CompiledParts::build(Part& part) {
   const std::string package = cache_dir_ + "/" + part.key + ".pt2";
+  auto bytes = graphs_.bytesOf(part.graph_id);
+  // The compile mode travels as the graph's name (genie.compile).
+  std::string mode = "default";
+  if (bytes != nullptr) {
+    auto graph = wire::verifyGraph({reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()});
+    const std::string name = graph && (*graph)->name() != nullptr ? (*graph)->name()->str() : "";
+    if (name == "reduce-overhead" || name == "max-autotune" || name == "max-autotune-no-cudagraphs") mode = name;
+  }
+  const bool wants_graph = mode == "reduce-overhead" && executor_.device().is_cuda();
   std::error_code ec;
   if (!fs::exists(package, ec)) {
-    auto bytes = graphs_.bytesOf(part.graph_id);
     if (bytes == nullptr) return;
     const std::string stem = cache_dir_ + "/" + part.key;
     {
@@ -446,13 +549,6 @@ void CompiledParts::build(Part& part) {
         while (f.size() < 4) f.emplace_back("0");
         inputs.push_back(fmt::format(R"({{"dtype": "{}", "sizes": [{}], "strides": [{}], "storage_offset": {}}})",
                                      f[0], f[1], f[2], f[3]));
-      }
-      // The compile mode travels as the graph's name (genie.compile).
-      std::string mode = "default";
-      if (auto graph = wire::verifyGraph({reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()});
-          graph && (*graph)->name() != nullptr) {
-        const std::string name = (*graph)->name()->str();
-        if (name == "reduce-overhead" || name == "max-autotune" || name == "max-autotune-no-cudagraphs") mode = name;
       }
       spec << fmt::format(R"({{"device": "{}", "inputs": [{}], "outputs": [{}], "mode": "{}"}})",
                           executor_.device().str(), fmt::join(inputs, ", "), fmt::join(part.output_ids, ", "), mode)
@@ -493,7 +589,9 @@ void CompiledParts::build(Part& part) {
     evict(cache_dir_, config_.cache_bytes, package);
   }
   try {
-    auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package);
+    // A part captured as a CUDA graph runs single-threaded (under its run mutex): the
+    // container then records no completion event, which a capture would refuse.
+    auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package, "model", wants_graph);
     auto metadata = loader->get_metadata();
     auto layouts = parseOutputs(metadata.count("genie.outputs") ? metadata["genie.outputs"] : "");
     fs::last_write_time(package, fs::file_time_type::clock::now(), ec);  // recently used
@@ -501,6 +599,7 @@ void CompiledParts::build(Part& part) {
     std::lock_guard<std::mutex> lock(mutex_);
     part.loader = std::move(loader);
     part.layouts = std::move(layouts);
+    part.wants_graph = wants_graph;
     part.from_cache = part.build_s == 0;
     part.state = Part::State::kReady;
   } catch (const std::exception& e) {

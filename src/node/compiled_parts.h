@@ -66,6 +66,7 @@ class CompiledParts {
     uint64_t packages_built = 0;  // packages the worker built
     uint64_t packages_loaded = 0; // packages loaded (built now or found in the cache)
     uint64_t failures = 0;        // builds, loads or package runs that failed (logged)
+    uint64_t cuda_graph_replays = 0;  // package calls run as a replay of a CUDA graph (of package_calls)
   };
   Counts counts() const;
   /// The parts of graphs `graphs` (every input geometry of each): which engine runs them and
@@ -81,6 +82,11 @@ class CompiledParts {
  private:
   void compileLoop();
   void build(Part& part);
+  /// A package call of a part that wants a CUDA graph (compiled_cuda.h): warm-up runs, then a
+  /// capture, then replays; a capture that fails turns graphs off for the part (logged, in its
+  /// reason). Under the part's run mutex.
+  std::vector<at::Tensor> runWithGraph(Part& part, const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& written);
   std::shared_ptr<Part> partFor(const std::string& graph, const std::vector<at::Tensor>& inputs,
                                 const std::vector<int64_t>& output_ids);
 
@@ -98,7 +104,8 @@ class CompiledParts {
   std::atomic<int> worker_pid_{0};
   std::thread compile_thread_;
 
-  std::atomic<uint64_t> package_calls_{0}, executor_calls_{0}, packages_built_{0}, packages_loaded_{0}, failures_{0};
+  std::atomic<uint64_t> package_calls_{0}, executor_calls_{0}, packages_built_{0}, packages_loaded_{0}, failures_{0},
+      graph_replays_{0};
 };
 
 }  // namespace genie::node

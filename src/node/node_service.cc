@@ -157,6 +157,7 @@ struct NodeService::Impl : NodeContext {
     stats.packages_built = counts.packages_built;
     stats.packages_loaded = counts.packages_loaded;
     stats.compile_failures = counts.failures;
+    stats.cuda_graph_replays = counts.cuda_graph_replays;
     stats.peer_bytes_sent = peer_bytes_sent.load();
     stats.peer_bytes_received = peer_bytes_received.load();
     stats.peer_transfers = peer_transfers.load();

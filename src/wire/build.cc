@@ -295,7 +295,7 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
     for (const auto& p : s.parts) {
       out.push_back(CreatePartStats(fbb, &p.graph_id, createString(fbb, p.inputs), createString(fbb, p.state),
                                     p.package_calls, p.executor_calls, p.build_us, p.from_cache,
-                                    createString(fbb, p.reason)));
+                                    createString(fbb, p.reason), p.cuda_graph_replays));
     }
     parts = fbb.CreateVector(out);
   }
@@ -303,7 +303,8 @@ flatbuffers::DetachedBuffer buildStats(uint64_t request_id, const StatsArgs& s) 
                           s.ops_executed, s.bytes_in, s.bytes_out, s.memory_limit, s.uptime_us,
                           s.session_resident, s.device_free, s.device_total, s.package_calls,
                           s.executor_calls, s.packages_built, s.packages_loaded, s.compile_failures,
-                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers, colocation, parts);
+                          s.peer_bytes_sent, s.peer_bytes_received, s.peer_transfers, colocation, parts,
+                          s.cuda_graph_replays);
   return finished(fbb, request_id, body);
 }
 

@@ -425,6 +425,7 @@ def test_gpt2_decode_with_a_static_kv_cache_runs_by_the_package():
     assert [p["engine"] for p in graphs[0]["parts"]] == ["node"]
     assert graphs[0]["parts"][0]["ops"].count("aten.copy_.default") >= 2 * cpu.config.n_layer  # keys, values
     assert genie.memory_stats(DEV)["package_calls"] > before
+    assert genie.memory_stats(DEV)["cuda_graph_replays"] == 0  # mode "default", and a CPU node
 
 
 _RESTART_PROGRAM = textwrap.dedent("""

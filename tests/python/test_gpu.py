@@ -1,7 +1,8 @@
 """genie-node on a GPU (`--device cuda:0`): results equal to local CUDA eager on the same GPU, a
 CUDA out-of-memory that fails only its request, the default memory limit taken from the
-device, and one session's upload overlapping another session's kernels (a CUDA stream per
-session). Every test needs a CUDA device and is skipped without one (tools/gpu-check.sh runs
+device, one session's upload overlapping another session's kernels (a CUDA stream per
+session), and torch.compile(backend="genie") run by the node's GPU package, replayed as a CUDA
+graph in mode "reduce-overhead". Every test needs a CUDA device and is skipped without one (tools/gpu-check.sh runs
 them on a machine with a GPU; CI has none)."""
 import os
 import subprocess
@@ -221,3 +222,41 @@ def test_one_sessions_upload_overlaps_another_sessions_compute(cuda_node):
     assert upload_done < compute_done, (
         f"the upload finished {upload_done - compute_done:.3f} s after the other session's "
         f"{products} products ({per_product * 1e3:.1f} ms each locally): it waited for them")
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_decode_runs_by_the_gpu_package(cuda_node, tmp_path, mode):
+    """GPT-2 decoding with a StaticCache, compiled: the node builds its package for the GPU and
+    runs every decode step by it, with the ids of local CUDA eager. In mode "reduce-overhead"
+    the package's run is captured as a CUDA graph after two warm-up runs and replayed; the
+    token and the position (new tensors each step) are copied into the graph's buffers, and a
+    new generation's cache (fixed inputs elsewhere) is captured again."""
+    from test_compile import _static_cache_decode, _tiny_gpt2
+
+    prompt = torch.tensor([[5, 17, 42, 8, 33, 1]])
+    local = _tiny_gpt2().cuda()
+    expected = _static_cache_decode(local, local, "cuda", prompt, 12).cpu()
+    remote = _tiny_gpt2().to(REMOTE)
+    compiled = torch.compile(remote, backend="genie", dynamic=False, mode=mode)
+    deadline = time.monotonic() + 300
+    while True:  # whole generations until one ran every decode step by the package
+        start = genie.memory_stats(REMOTE)["package_calls"]
+        assert torch.equal(_static_cache_decode(remote, compiled, REMOTE, prompt, 12), expected)
+        if genie.memory_stats(REMOTE)["package_calls"] - start >= 11:
+            break
+        assert time.monotonic() < deadline, genie.memory_stats(REMOTE)
+        time.sleep(1.0)
+    before = genie.memory_stats(REMOTE)
+    for _ in range(2):  # two more generations, each with a new StaticCache
+        assert torch.equal(_static_cache_decode(remote, compiled, REMOTE, prompt, 12), expected)
+    after = genie.memory_stats(REMOTE)
+    assert after["package_calls"] - before["package_calls"] == 22, after
+    replays = after["cuda_graph_replays"] - before["cuda_graph_replays"]
+    if mode == "default":
+        assert replays == 0
+    else:
+        report = genie.explain(lambda: _static_cache_decode(remote, compiled, REMOTE, prompt, 12))
+        facts = [f for fn in report.compiled for g in fn["graphs"] for p in g["parts"] for f in p.get("node", [])]
+        assert replays == 22, (after, facts)
+        assert facts and all(f["cuda_graph_replays"] > 0 and f["reason"] == "" for f in facts), facts
+        assert "CUDA graph replays" in str(report)

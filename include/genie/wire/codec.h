@@ -302,6 +302,7 @@ struct StatsArgs {
   uint64_t peer_bytes_sent = 0;      // bytes (headers + payloads) sent to other nodes (SendTensors)
   uint64_t peer_bytes_received = 0;  // bytes received from other nodes on attached connections
   uint64_t peer_transfers = 0;       // SendTensors served plus PutTensors received from other nodes
+  uint64_t cuda_graph_replays = 0;   // package calls run as a replay of the package's CUDA graph
   struct Colocated {
     std::string group;
     uint64_t bytes = 0;     // admitted with
@@ -317,6 +318,7 @@ struct StatsArgs {
     uint64_t build_us = 0;
     bool from_cache = false;
     std::string reason;
+    uint64_t cuda_graph_replays = 0;  // of package_calls
   };
   std::vector<Part> parts{};  // the parts of the graphs the request named
 };

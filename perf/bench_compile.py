@@ -19,7 +19,8 @@ ratios; for Genie, bytes sent per call, the client process's CPU time per call
 included; for GPT-2 split into Dynamo's share, the calling thread's CPU outside the backend's
 compiled callable: guards, frame setup, rebuilding the outputs, which local inductor pays too,
 and Genie's, the rest; of Genie's, the compiled call's own, the calling thread's CPU inside the
-backend's callable: ``compiled_call_cpu_ms``), the node's engine counts,
+backend's callable: ``compiled_call_cpu_ms``), the node's execution time of each step's graph
+(``node_exec_ms``: its RunResult), the node's engine counts,
 recompiles; compile
 times: the client's first call (Dynamo, AOTAutograd, capture), the node's package build from
 an empty cache ("cold": first call until the first call the package ran) and after a node
@@ -102,11 +103,12 @@ def timed(backend):
 
 
 def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None = None,
-                inside: list | None = None):
+                inside: list | None = None, node_exec: list | None = None):
     """Greedy decode with a StaticCache; returns (ids [1, tokens], decode step seconds, client
     CPU seconds per decode step, bytes sent per decode step (0 on the CPU)). `dynamo`: gets the
     thread CPU seconds of each step's call spent outside the compiled callables (a `timed`
-    backend's): Dynamo's share; `inside`: those spent inside them (the backend's call)."""
+    backend's): Dynamo's share; `inside`: those spent inside them (the backend's call);
+    `node_exec`: the node's execution seconds of each step's graph (its RunResult)."""
     import genie
     import torch
     from transformers import StaticCache
@@ -119,7 +121,7 @@ def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None
         ids, steps, cpu, sent = [token.cpu()], [], [], []
         remote = str(device).startswith("remote")
         for i in range(tokens - 1):
-            before = genie.client_stats()["bytes_sent"] if remote else 0
+            before = genie.client_stats() if remote else None
             wall, proc = time.perf_counter(), time.process_time()
             position = torch.tensor([n + i]).to(device)
             call, inside_before = time.thread_time(), _INSIDE[0]
@@ -132,7 +134,10 @@ def gpt2_decode(model, forward, device, prompt, tokens: int, dynamo: list | None
             ids.append(token.cpu())
             steps.append(time.perf_counter() - wall)
             cpu.append(time.process_time() - proc)
-            sent.append(genie.client_stats()["bytes_sent"] - before if remote else 0)
+            after = genie.client_stats() if remote else None
+            sent.append(after["bytes_sent"] - before["bytes_sent"] if remote else 0)
+            if node_exec is not None and remote:
+                node_exec.append((after["node_exec_us"] - before["node_exec_us"]) / 1e6)
     return torch.cat(ids, dim=1), steps, cpu, sent
 
 
@@ -184,14 +189,14 @@ def measure_gpt2(args) -> dict:
              "genie": (remote, compiled, DEV)}
     steps = {k: [] for k in sides}
     ids = {}
-    cpu_per_step, sent, package_calls, graph_replays, dynamo_cpu, call_cpu = [], [], [], [], [], []
+    cpu_per_step, sent, package_calls, graph_replays, dynamo_cpu, call_cpu, node_exec = [], [], [], [], [], [], []
     recompiles_before = genie.compile_stats()["recompiles"]
     for _ in range(args.rounds):
         for name, (model, forward, device) in sides.items():
             if name == "genie":
                 before_client, before_node = genie.client_stats(), node_stats()
             got, step_s, cpu_s, sent_b = gpt2_decode(model, forward, device, prompt, args.tokens,
-                                                     *((dynamo_cpu, call_cpu) if name == "genie" else ()))
+                                                     *((dynamo_cpu, call_cpu, node_exec) if name == "genie" else ()))
             ids[name] = got
             steps[name].extend(step_s)
             if name == "genie":
@@ -207,6 +212,7 @@ def measure_gpt2(args) -> dict:
         client_cpu_ms_per_call=statistics.median(cpu_per_step) * 1e3,
         dynamo_cpu_ms_per_call=statistics.median(dynamo_cpu) * 1e3,
         compiled_call_cpu_ms=statistics.median(call_cpu) * 1e3,
+        node_exec_ms=statistics.median(node_exec) * 1e3,
         genie_cpu_ms_per_call=(statistics.median(cpu_per_step) - statistics.median(dynamo_cpu)) * 1e3,
         bytes_sent_per_call=statistics.median(sent),
         package_calls_per_run=package_calls,

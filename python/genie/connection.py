@@ -34,6 +34,9 @@ class Connection:
     def __init__(self, connect, keep_host_copy: bool) -> None:
         self._connect = connect  # () -> genie._C.Client
         self.client = None
+        # Counts the node sessions this runtime opened, and its close: what a graph registered
+        # outside the recording (a compiled part's, genie.compile) belongs to.
+        self.session_serial = 0
         # The requests that made the resident state, to rebuild it on a new node (None: off).
         self.lineage: Lineage | None = Lineage() if keep_host_copy else None
         self._interrupt: KeyboardInterrupt | None = None  # see _request
@@ -45,6 +48,7 @@ class Connection:
         if self.client is None:
             self._check_not_forked()  # the client was the parent's (genie.runtime._after_fork_in_child)
             self.client = self._connect()
+            self.session_serial += 1
             self.recording.clear_graphs()
             self.recording.async_chunk = self._async_chunk_for(self.client)
             self.recording.connected = True

@@ -330,6 +330,7 @@ class Runtime(Connection, Uploads, RngOps):
             self.client.close()
             self.client = None
             self.recording.connected = False
+        self.session_serial += 1  # what was registered is gone with the session
 
 
 ASYNC_CHUNK = 256  # nodes per asynchronous run, where they pay (see async_chunk_for)

@@ -561,3 +561,32 @@ def test_the_package_cache_keeps_to_its_size_limit(tmp_path):
     # A 1-byte cache keeps only the package built last: the first one was evicted (logged).
     assert len(list(cache.glob("*.pt2"))) == 1
     assert "evicted" in done.stderr and "cache limit 1 bytes" in done.stderr, done.stderr[-3000:]
+
+
+_NEW_SESSION_PROGRAM = textwrap.dedent("""
+    import torch, genie
+    torch.manual_seed(0)
+    f = torch.compile(lambda x, w: (x @ w).relu().sum(0), backend="genie", dynamic=False)
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    with torch.no_grad():
+        first = f(x.to("remote_accelerator:0"), w.to("remote_accelerator:0")).cpu()
+        again = f(x.to("remote_accelerator:0"), w.to("remote_accelerator:0")).cpu()  # the captured part
+        genie.shutdown()  # the node and its registered graphs are gone; the next use starts another
+        later = f(x.to("remote_accelerator:0"), w.to("remote_accelerator:0")).cpu()  # Dynamo's cache hit
+    expected = (x @ w).relu().sum(0)
+    for out in (first, again, later):
+        torch.testing.assert_close(out, expected)
+    (graph,) = genie.compile_stats()["graphs"]
+    (part,) = graph["parts"]
+    assert part["engine"] == "node" and part["calls"] == 3 and part["dispatched"] == 0, part
+    print("ok")
+""")
+
+
+def test_a_compiled_function_captures_its_parts_again_in_a_new_node_session():
+    """A part's graph is registered in one node session: after genie.shutdown, the same compiled
+    function (Dynamo's cache hit) captures and registers it again on the new node, instead of
+    naming a graph the node does not know."""
+    done = subprocess.run([sys.executable, "-c", _NEW_SESSION_PROGRAM], capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, GENIE_NODE_COMPILE_ENGINE="executor"))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]

@@ -110,3 +110,28 @@ def test_keeping_the_lineage_sends_no_extra_bytes(restartable_node):
         sent[keep] = genie.client_stats()["bytes_sent"]
         genie.shutdown()
     assert sent[True] == sent[False]
+
+
+def test_a_compiled_part_survives_a_node_killed_and_restarted(free_port):
+    """A torch.compile part's graph is registered outside the step's recording: the lineage
+    registers it again on the new node, so the captured part runs there."""
+    node = NodeProcess(free_port, extra_args=["--compile-engine", "executor"])
+    try:
+        genie.init(server=f"127.0.0.1:{node.port}", keep_host_copy=True)
+        torch.manual_seed(0)
+        x, w = torch.randn(3, 4), torch.randn(4, 5)
+        rx, rw = x.to(DEV), w.to(DEV)
+        f = torch.compile(lambda a, b: (a @ b).relu(), backend="genie", dynamic=False)
+        with torch.no_grad():
+            f(rx, rw).cpu()
+            f(rx, rw).cpu()  # the captured part: one genie::call_graph naming its registered graph
+            node.kill()
+            node.start()
+            with pytest.warns(UserWarning, match="rebuilt the resident state"):
+                out = f(rx, rw).cpu()
+        torch.testing.assert_close(out, (x @ w).relu())
+        (graph,) = genie.compile_stats()["graphs"]
+        assert [(p["engine"], p["calls"], p["dispatched"]) for p in graph["parts"]] == [("node", 3, 0)]
+    finally:
+        genie.shutdown()
+        node.stop()

@@ -133,6 +133,8 @@ class _Capture:
     output_ids: list[int]
     written: list[int]  # the arguments the part writes in place (a KV cache's copy_ write-back)
     call: "_C.PartCall"  # records genie::call_graph for a call's arguments, without dispatch
+    runtime: object  # the genie.runtime.Runtime the graph is registered with, in session `serial`
+    serial: int
 
 
 def _varies(val) -> bool:
@@ -178,6 +180,11 @@ class ExecutorPart(torch.nn.Module):
         self.part.calls += 1
         key = self._key(args) if self.why is None else None
         capture = self.captures.get(key) if key is not None else None
+        if capture is not None and capture.runtime.session_serial != capture.serial:
+            # Registered in a node session that has ended (genie.shutdown, a lost node): every
+            # capture is made again in the current one.
+            self.captures.clear()
+            capture = None
         if capture is not None:
             out = capture.call.call(args)
             if out is NotImplemented:  # not the capture's tensors (an error, or autograd on): the dispatcher's path
@@ -236,7 +243,10 @@ class ExecutorPart(torch.nn.Module):
             if isinstance(captured, str):
                 return captured
             graph_bytes, input_ids, inline_inputs, output_ids, written, _ = captured
-            graph = runtime._request("register_graph", graph_bytes).hex()
+            graph_id = runtime._request("register_graph", graph_bytes)
+            if runtime.lineage is not None:  # a node rebuilt from the lineage registers it again
+                runtime.lineage.graph(graph_id, graph_bytes)
+            graph = graph_id.hex()
         arg_of_input = [-1] * (max(input_ids, default=-1) + 1)
         for k, input_id in zip(tensor_args, input_ids):
             arg_of_input[input_id] = k
@@ -247,7 +257,7 @@ class ExecutorPart(torch.nn.Module):
         written_args = [tensor_args[i] for i in written]
         capture = _Capture(graph, arg_of_input, constants, list(output_ids), written_args,
                            _C.PartCall(graph, list(output_ids), arg_of_input, constants, written_args, inputs,
-                                       list(outs)))
+                                       list(outs)), runtime, runtime.session_serial)
         self.tuple_output = isinstance(out, (tuple, list))
         self.returns = out is not None
         note_call_graph_outputs(graph, inputs, outs)

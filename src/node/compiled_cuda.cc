@@ -29,8 +29,6 @@ PackageGraph::~PackageGraph() = default;
 
 #ifdef GENIE_WITH_CUDA
 
-bool cudaGraphsBuilt() { return true; }
-
 std::string cudaArchitecture(c10::DeviceIndex index) {
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(index);
   return std::string(props->name) + ", sm_" + std::to_string(props->major) + std::to_string(props->minor);
@@ -131,8 +129,6 @@ std::optional<std::vector<at::Tensor>> PackageGraph::replay(const std::vector<at
 }
 
 #else  // !GENIE_WITH_CUDA
-
-bool cudaGraphsBuilt() { return false; }
 
 std::string cudaArchitecture(c10::DeviceIndex) { return ""; }
 

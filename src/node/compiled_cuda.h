@@ -54,9 +54,6 @@ class PackageGraph {
   std::unique_ptr<State> state_;
 };
 
-/// True when this node was built with CUDA graphs (GENIE_WITH_CUDA).
-bool cudaGraphsBuilt();
-
 /// CUDA device `index`'s name and compute capability ("NVIDIA H100 80GB HBM3, sm_90"): what a
 /// package built for it is specific to. Empty in a build without CUDA. Throws c10::Error for
 /// a device that does not exist.

@@ -15,7 +15,7 @@ import torch
 from . import _C
 from .graph import op_name
 from .lazy import storage_owner
-from .recorder import record_op, runtime_of
+from .record import record_op, runtime_of
 
 aten = torch.ops.aten
 

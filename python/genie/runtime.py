@@ -44,7 +44,8 @@ import warnings
 import torch
 
 from . import _C, config, host_eval, progress  # noqa: F401 - host_eval: GENIE_HOST_EVAL applied at import
-from . import recorder as _recorder
+from . import record as _record
+from . import recorder  # noqa: F401 - configures the C++ recorder's Python entry points at import
 from .connection import Connection
 from .errors import GenieConnectionError, GenieError
 from .graph import KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, Value
@@ -425,10 +426,10 @@ def _run_pending(index: int) -> None:
         runtime.run_pending()
 
 
-# Capture calls up through these (genie.recorder's hooks).
-_recorder._runtime_for = runtime_for
-_recorder._runtime_exists = lambda index: index in _runtimes
-_recorder._run_pending = _run_pending
+# Capture calls up through these (genie.record's hooks).
+_record._runtime_for = runtime_for
+_record._runtime_exists = lambda index: index in _runtimes
+_record._run_pending = _run_pending
 # The runtime of device index i for this process's session: genie._session.make_runtime, which
 # genie._session installs when it is imported (the session layer is above this one).
 _make_runtime = None

@@ -33,7 +33,7 @@ from . import _C
 from .graph import op_name
 from .lazy import lock
 from .ops import op_info
-from .recorder import runtime_of
+from .record import runtime_of
 
 aten = torch.ops.aten
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)

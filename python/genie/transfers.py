@@ -18,7 +18,7 @@ import torch
 from . import _C, progress
 from .graph import Value, new_handle
 from .lazy import lock
-from .recorder import _PRIVATEUSE1, record_op, runtime_for, runtime_of
+from .record import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
 aten = torch.ops.aten
 

@@ -40,10 +40,11 @@ from torch.utils._pytree import tree_map
 
 from .. import _C
 from ..device import note_call_graph_outputs
-from . import fake, records
+from .fake import install as install_fake_fix
 from .options import CompileOptions, parse_options
 from .partition import is_part, partition, retarget_devices
 from .records import CompiledFunction, CompiledGraph, Mark, Part, describe_dynamo_graph
+from .records import graph_breaks_since as _graph_breaks_since, mark as _mark, ran_since as _ran_since
 
 _DEVICE = "remote_accelerator"
 
@@ -105,18 +106,18 @@ def reset_stats() -> None:
 def mark() -> Mark:
     """The backend's books now, for `ran_since` (genie.explain takes one before it runs a
     program). O(parts compiled in this process)."""
-    return records.mark(_books.functions)
+    return _mark(_books.functions)
 
 
 def ran_since(since: Mark) -> list[dict]:
     """The compiled functions (Dynamo graphs) compiled or called since `since`, with their
     parts' counts over that window (genie.compile.records.ran_since describes the fields)."""
-    return records.ran_since(_books.functions, since)
+    return _ran_since(_books.functions, since)
 
 
 def graph_breaks_since(since: Mark) -> dict[str, int]:
     """Dynamo's graph breaks counted since `since` (all backends), by reason."""
-    return records.graph_breaks_since(since)
+    return _graph_breaks_since(since)
 
 
 # ---- runners --------------------------------------------------------------------------------
@@ -340,7 +341,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, o
     Dynamo runs for `gm`. Raises ValueError for unknown options (genie.compile.options), and
     when `options["node"]` differs from the device of remote inputs."""
     opts = parse_options(mode, options)
-    fake.install()  # installed by `import genie.compile`; again for a backend() called directly
+    install_fake_fix()  # installed by `import genie.compile`; again for a backend() called directly
     started = time.perf_counter()
     _note_dynamo_graph()
     remote = _remote_device(example_inputs)

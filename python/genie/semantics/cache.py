@@ -43,9 +43,9 @@ from collections import OrderedDict
 from types import MappingProxyType
 from typing import Sequence
 
-from . import cost as _cost
-from . import phases as _phases
-from . import residency as _residency
+from .cost import Cost, graph_costs, total as total_cost
+from .phases import assign as assign_phases, regions as phase_regions
+from .residency import CLASSES as RESIDENCY_CLASSES, assign as assign_residency
 from .graph import PASSTHROUGH_OPS, VIEW_OPS, SemGraph, encode_shapes, label_id
 from .groups import CLIENT, Edge, Group, GroupGraph
 from .patterns import Match, find_matches, patterns, registry_generation
@@ -425,8 +425,8 @@ class AnalysisCache:
     def _analyze_structure(graph: SemGraph, key: str, canon: tuple, node_order: list[int], val_order: list[int],
                            order: tuple[int, ...]) -> _Level1:
         matches = [_frozen(m) for m in find_matches(graph)]
-        regions = _phases.regions(graph)
-        residency = _residency.assign(graph, matches, regions)
+        regions = phase_regions(graph)
+        residency = assign_residency(graph, matches, regions)
         return _Level1(key, canon, node_order, val_order, order, matches, regions, residency)
 
     # -- analyze -----------------------------------------------------------------------------------
@@ -458,7 +458,7 @@ class AnalysisCache:
     @staticmethod
     def _analyze_shapes(graph: SemGraph, entry: _Level1, mapping: _Mapping) -> _Level2:
         """Costs, details and phases in the entry's ids (mapped from this graph)."""
-        costs_here = _cost.graph_costs(graph)
+        costs_here = graph_costs(graph)
         n = len(costs_here)
         costs = costs_here if mapping.nodes is None else tuple(costs_here[mapping.node(i)] for i in range(n))
         by_name = {p.name: p for p in patterns()}
@@ -468,7 +468,7 @@ class AnalysisCache:
             p = by_name.get(m.pattern)
             detailed_here.append(m._replace(detail=p.describe(graph, m)) if p is not None else m)
         regions_here = mapping.per_node(entry.regions, len(graph.nodes))
-        node_phases_here, phase = _phases.assign(graph, detailed_here, regions_here, costs_here)
+        node_phases_here, phase = assign_phases(graph, detailed_here, regions_here, costs_here)
         # stored in the entry's ids: details carried over to the entry's matches
         matches = [m._replace(detail=MappingProxyType(dict(d.detail))) for m, d in zip(entry.matches, detailed_here)]
         node_phases = node_phases_here if mapping.nodes is None else tuple(
@@ -503,7 +503,7 @@ class Annotated:
         n = len(graph.nodes)
         if mapping.identity:
             self.matches: list[Match] = list(l2.matches)
-            self.node_costs: tuple[_cost.Cost, ...] = l2.costs
+            self.node_costs: tuple[Cost, ...] = l2.costs
             self.node_phases: tuple[str, ...] = l2.node_phases
             self.regions: tuple[str, ...] = entry.regions
         else:
@@ -526,7 +526,7 @@ class Annotated:
 
     def residency_class(self, vid: int) -> int:
         """The wire class of value `vid` (`residency.CLASSES`: 0 activation, 1 weight, 2 KV cache, 3 gradient)."""
-        return _residency.CLASSES[self.residency[vid]]
+        return RESIDENCY_CLASSES[self.residency[vid]]
 
     def matches_of(self, pattern: str) -> list[Match]:
         return [m for m in self.matches if m.pattern == pattern]
@@ -534,9 +534,9 @@ class Annotated:
     def count(self, pattern: str) -> int:
         return sum(1 for m in self.matches if m.pattern == pattern)
 
-    def cost(self, nodes: Sequence[int] | None = None) -> _cost.Cost:
+    def cost(self, nodes: Sequence[int] | None = None) -> Cost:
         """Summed `Cost` of `nodes` (all when None)."""
-        return _cost.total(self.node_costs, nodes)
+        return total_cost(self.node_costs, nodes)
 
     @property
     def shape_hash(self) -> str:

@@ -17,8 +17,9 @@
 #
 # Options: --out DIR copies gpu.md, gpu.json and the logs there too (a lent GPU machine
 # returns files from $OUT); --quick: the benchmarks' short sizes; --parts LIST: bench_gpu.py's
-# parts (default all: upload,ucx_perftest,decode,models,compile). GENIE_PYTHON: the Python
-# with torch (default: .venv/bin/python if present, else python3).
+# parts (default all: upload,ucx_perftest,decode,models,compile); --tests EXPR: only the GPU
+# tests pytest's -k EXPR selects ("compiled", say: a short device loan). GENIE_PYTHON: the
+# Python with torch (default: .venv/bin/python if present, else python3).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the comment above, nothing run
   sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0
@@ -26,7 +27,7 @@ fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-MODE=gpu OUT_DIR="" QUICK="" PARTS=()
+MODE=gpu OUT_DIR="" QUICK="" PARTS=() TESTS=()
 while (($#)); do
   case "$1" in
     --pack) MODE=pack ;;
@@ -34,6 +35,7 @@ while (($#)); do
     --quick) QUICK=--quick ;;
     --out) OUT_DIR="$2"; shift ;;
     --parts) PARTS=(--parts "$2"); shift ;;
+    --tests) TESTS=(-k "$2"); shift ;;
     *) echo "gpu-check: unknown option $1 (--help)" >&2; exit 2 ;;
   esac
   shift
@@ -129,7 +131,7 @@ build-gpu/bin/genie-node --help >/dev/null
 
 status=0
 step "GPU tests (tests/python/test_gpu.py)"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_gpu.py 2>&1 | tee "$LOGS/test_gpu.log" || status=1
+"$PYTHON" -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}" tests/python/test_gpu.py 2>&1 | tee "$LOGS/test_gpu.log" || status=1
 
 if [ "$MODE" = no-gpu ]; then
   step "no GPU: the build and the tests' collection ran; benchmarks skipped"

@@ -56,8 +56,22 @@ def parse_servers(server) -> list[NodeAddress]:
     return addresses
 
 
+# The embedded node's OpenMP spin, in libgomp's wait iterations (GOMP_SPINCOUNT: a worker polls
+# this many times after a parallel region before it sleeps on a futex). libgomp's default,
+# 300,000, is milliseconds (5 ms on the Intel Xeon development VM): after a step the node's
+# worker would still hold a core while this process, on the same cores, takes the reply and
+# records its next step. 50,000 (about 0.9 ms there) still covers the gaps between a step's
+# kernels. A GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment is kept.
+# Measured in docs/perf/compile.md ("The embedded node's OpenMP spin").
+EMBEDDED_GOMP_SPINCOUNT = "50000"
+
+
 class EmbeddedNode:
-    """A genie-node process on loopback owned by this Python process."""
+    """A genie-node process on loopback owned by this Python process.
+
+    Its environment is this process's, with GENIE_LOG_LEVEL=warn and
+    GOMP_SPINCOUNT=EMBEDDED_GOMP_SPINCOUNT where they are unset.
+    """
 
     def __init__(self, device: str = "cpu") -> None:
         from . import _C
@@ -75,6 +89,8 @@ class EmbeddedNode:
         os.chmod(self._token_file, 0o600)
         env = dict(os.environ)
         env.setdefault("GENIE_LOG_LEVEL", "warn")
+        if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+            env["GOMP_SPINCOUNT"] = EMBEDDED_GOMP_SPINCOUNT
         args = [self.binary, "--listen", "127.0.0.1:0", "--device", self.device, "--auth-token-file", self._token_file]
         # Operator libraries this process loaded (torchvision's ops, through torch.ops.load_library
         # when torchvision is imported): the node loads them too, so graphs may name their ops.

@@ -265,3 +265,30 @@ def test_a_run_longer_than_the_timeout_completes_while_the_node_answers():
     finally:
         genie.shutdown()
     assert torch.ones(2, device=DEV).sum().item() == 2.0  # a default session again
+
+
+SPIN_PROGRAM = r"""
+import genie, torch
+torch.ones(2, device="remote_accelerator:0").cpu()  # starts the embedded node
+pid = genie._session.session().embedded.process.pid
+environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+print([v.decode() for v in environ if v.startswith((b"GOMP_SPINCOUNT=", b"OMP_WAIT_POLICY="))])
+"""
+
+
+@pytest.mark.parametrize("given, passed", [
+    ({}, ["GOMP_SPINCOUNT=50000"]),
+    ({"GOMP_SPINCOUNT": "1234"}, ["GOMP_SPINCOUNT=1234"]),
+    ({"OMP_WAIT_POLICY": "active"}, ["OMP_WAIT_POLICY=active"]),
+], ids=["unset", "spincount-given", "wait-policy-given"])
+def test_the_embedded_node_gets_a_short_openmp_spin_unless_one_is_given(given, passed):
+    # The node shares the program's cores (docs/configuration.md).
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env.pop("GENIE_SERVER", None)
+    done = subprocess.run([sys.executable, "-c", SPIN_PROGRAM], env={**env, **given}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == repr(passed)

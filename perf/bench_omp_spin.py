@@ -4,7 +4,7 @@
 The embedded genie-node shares this host's cores with the program. After each parallel region
 a libgomp worker polls GOMP_SPINCOUNT times before it sleeps (libgomp's default, 300,000, is
 milliseconds), so after a step the node's worker may still hold a core when the program needs
-it for the reply and its next step; the embedded node therefore gets GOMP_SPINCOUNT=50000
+it for the reply and its next step; the embedded node therefore gets GOMP_SPINCOUNT=10000
 (python/genie/_session.py). This benchmark alternates ``--settings`` (GOMP_SPINCOUNT values
 for the node; 300000 is libgomp's default) in one process: for each setting, in
 each round (the order reversed every other round), it restarts the embedded node with that

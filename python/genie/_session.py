@@ -57,13 +57,13 @@ def parse_servers(server) -> list[NodeAddress]:
 
 
 # The embedded node's OpenMP spin, in libgomp's wait iterations (GOMP_SPINCOUNT: a worker polls
-# this many times after a parallel region before it sleeps on a futex). libgomp's default,
-# 300,000, is milliseconds (5 ms on the Intel Xeon development VM): after a step the node's
-# worker would still hold a core while this process, on the same cores, takes the reply and
-# records its next step. 50,000 (about 0.9 ms there) still covers the gaps between a step's
-# kernels. A GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment is kept.
-# Measured in docs/perf/compile.md ("The embedded node's OpenMP spin").
-EMBEDDED_GOMP_SPINCOUNT = "50000"
+# this many times, a `pause` instruction each, after a parallel region before it sleeps on a
+# futex). libgomp's default, 300,000, lasts milliseconds: after a step the node's worker would
+# still hold a core while this process, on the same cores, takes the reply and records its
+# next step. 10,000 lasts a fraction of a millisecond, which still covers the gaps between a
+# step's kernels. A GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment is kept. Measured in
+# docs/perf/compile.md ("The embedded node's OpenMP spin").
+EMBEDDED_GOMP_SPINCOUNT = "10000"
 
 
 class EmbeddedNode:

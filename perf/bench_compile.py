@@ -7,8 +7,7 @@ prompt + tokens; the prefill eager, each decode step one compiled forward and a 
 token, as ``generate`` does), ResNet-50 on a batch of 8 images, MiniLM on its 16 sentences.
 
 Three sides per model, in one process on this machine, alternated ``--rounds`` times after
-warm-ups (GPT-2: a generation per side in turn; ResNet-50 and MiniLM: ``--calls`` calls per
-side, one call per side in turn): local eager and local inductor on ``--device`` (default cpu), and Genie compiled
+warm-ups: local eager and local inductor on ``--device`` (default cpu), and Genie compiled
 (the model on ``remote_accelerator:0``, the embedded node on loopback, its device
 ``--device`` too: GENIE_EMBEDDED_DEVICE; timed once every call runs by the node's AOT Inductor
 package). ``--mode`` is torch.compile's, given to both compiled sides: "reduce-overhead" on
@@ -57,8 +56,8 @@ def parse_args(argv=None):
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of %(default)s")
     parser.add_argument("--tokens", type=int, default=32, help="GPT-2 tokens generated (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds per side (default: %(default)s)")
-    parser.add_argument("--calls", type=int, default=5, help="timed calls per side and round, ResNet-50 and "
-                        "MiniLM, the sides taking turns call by call (default: %(default)s)")
+    parser.add_argument("--calls", type=int, default=5, help="timed calls per round, ResNet-50 and MiniLM "
+                        "(default: %(default)s)")
     parser.add_argument("--build-timeout", type=float, default=1800, help="seconds to wait for a package "
                         "(default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="the local sides' and the node's device: cpu or cuda:N "
@@ -271,12 +270,9 @@ def measure_batch(args, name: str) -> dict:
         cpu, sent, engines = [], [], {"package_calls": 0, "executor_calls": 0}
         for name_ in sides:  # warm-up
             call(sides[name_][0], sides[name_][1], inputs).cpu()
-        # One call per side in turn (the order reversed every other round), so that this host's
-        # speed drifting over seconds moves every side alike.
-        for round_ in range(args.rounds):
-            order = list(sides.items()) if round_ % 2 == 0 else list(sides.items())[::-1]
-            for _ in range(args.calls):
-                for side, (model, dev) in order:
+        for _ in range(args.rounds):
+            for side, (model, dev) in sides.items():
+                for _ in range(args.calls):
                     before, node_before = genie.client_stats(), node_stats() if side == "genie" else None
                     wall, proc = time.perf_counter(), time.process_time()
                     outs[side] = call(model, dev, inputs).cpu()

@@ -23,8 +23,8 @@ backend's callable: ``compiled_call_cpu_ms``), the node's execution time of each
 (``node_exec_ms``: its RunResult), the node's engine counts over the timed calls (GPT-2:
 package calls per generation; ResNet-50 and MiniLM: ``package_calls`` and ``executor_calls``),
 recompiles, the largest difference from local eager (and, ResNet-50 and MiniLM, from local
-inductor: ``max_abs_diff_inductor``); compile times: the client's first call (Dynamo, AOTAutograd, capture), the node's package build from
-an empty cache ("cold": first call until the first call the package ran) and after a node
+inductor: ``max_abs_diff_inductor``); compile times: the client's first call (Dynamo,
+AOTAutograd, capture), the node's package build from an empty cache ("cold": first call until the first call the package ran) and after a node
 restart with the cache kept ("warm": the package loaded from disk). GPT-2 also checks that
 the three sides generate the same ids.
 

@@ -24,9 +24,9 @@ backend's callable: ``compiled_call_cpu_ms``), the node's execution time of each
 package calls per generation; ResNet-50 and MiniLM: ``package_calls`` and ``executor_calls``),
 recompiles, the largest difference from local eager (and, ResNet-50 and MiniLM, from local
 inductor: ``max_abs_diff_inductor``); compile times: the client's first call (Dynamo,
-AOTAutograd, capture), the node's package build from an empty cache ("cold": first call until the first call the package ran) and after a node
-restart with the cache kept ("warm": the package loaded from disk). GPT-2 also checks that
-the three sides generate the same ids.
+AOTAutograd, capture), the node's package build from an empty cache ("cold": first call until
+the first call the package ran) and after a node restart with the cache kept ("warm": the
+package loaded from disk). GPT-2 also checks that the three sides generate the same ids.
 
     UCX_NET_DEVICES=lo .venv/bin/python perf/bench_compile.py                 # all three, docs/perf/compile.json
     UCX_NET_DEVICES=lo .venv/bin/python perf/bench_compile.py --models gpt2 --tokens 32 --rounds 3

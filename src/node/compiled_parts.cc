@@ -363,13 +363,16 @@ std::vector<at::Tensor> CompiledParts::runWithGraph(Part& part, const std::vecto
   part.last_addresses.resize(n);
   for (size_t i = 0; i < n; ++i) part.last_addresses[i] = inputs[i].data_ptr();
   auto* loader = part.loader.get();
+  auto replayed = [&](std::vector<at::Tensor>& out) {
+    graph_replays_.fetch_add(1, std::memory_order_relaxed);
+    part.graph_replays.fetch_add(1, std::memory_order_relaxed);
+    return std::move(out);
+  };
   if (part.graph != nullptr) {
     size_t moved = 0;
     if (auto out = part.graph->replay(inputs, &moved)) {
       ++part.replays_since_capture;
-      graph_replays_.fetch_add(1, std::memory_order_relaxed);
-      part.graph_replays.fetch_add(1, std::memory_order_relaxed);
-      return std::move(*out);
+      return replayed(*out);
     }
     part.graph.reset();
     if (part.replays_since_capture < kMinReplaysPerCapture) {  // captured for little: these move often
@@ -391,7 +394,8 @@ std::vector<at::Tensor> CompiledParts::runWithGraph(Part& part, const std::vecto
   } else {
     std::vector<bool> writes(n, false);
     for (size_t i = 0; i < n; ++i) {
-      writes[i] = std::any_of(written.begin(), written.end(), [&](const at::Tensor& w) { return inputs[i].is_alias_of(w); });
+      writes[i] = std::any_of(written.begin(), written.end(),
+                              [&](const at::Tensor& w) { return inputs[i].is_alias_of(w); });
     }
     try {
       part.graph = PackageGraph::capture(
@@ -399,11 +403,8 @@ std::vector<at::Tensor> CompiledParts::runWithGraph(Part& part, const std::vecto
           part.moving, writes);
       part.replays_since_capture = 0;
       size_t moved = 0;
-      if (auto out = part.graph->replay(inputs, &moved)) {  // the capture ran nothing: this call's run
-        graph_replays_.fetch_add(1, std::memory_order_relaxed);
-        part.graph_replays.fetch_add(1, std::memory_order_relaxed);
-        return std::move(*out);
-      }
+      // The capture ran nothing: this replay is the call's run.
+      if (auto out = part.graph->replay(inputs, &moved)) return replayed(*out);
       why = "its replay found an input moved during the capture";
     } catch (const std::exception& e) {
       const std::string what = e.what();

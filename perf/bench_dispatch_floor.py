@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """What recording an op could cost without Python dispatch: a design measurement, not Genie.
 
-Genie's LazyTensor is a Python `__torch_dispatch__` subclass, and PyTorch's path into Python
-dispatch (the Python key's fallback, argument conversion, a Python call, output wrapping)
-costs ~3-4 µs per op on the development VM before Genie's recorder runs at all
-(`perf/bench_capture.py`'s do-nothing subclass). The alternative is a C++ backend: tensors
-whose dispatch key set is PrivateUse1 (with its autograd key) and no Python key, and a boxed
-fallback kernel for PrivateUse1 that records the op in C++, as PyTorch's Lazy Tensor Core
-does. This script measures that floor on tiny (4x4 float32) tensors under `torch.no_grad()`,
+A recorder reached through Python dispatch (a `__torch_dispatch__` subclass) pays PyTorch's
+path into Python (the Python key's fallback, argument conversion, a Python call, output
+wrapping) before it records anything. The alternative, which Genie's recorder is
+(python/csrc/dispatch_kernel.cc), is a C++ backend: tensors whose dispatch key set is
+PrivateUse1 (with its autograd key) and no Python key, and a boxed fallback kernel for
+PrivateUse1 that records the op in C++, as PyTorch's Lazy Tensor Core does. This script
+measures that floor on tiny (4x4 float32) tensors under `torch.no_grad()`,
 in one process, against:
 
   - eager     the op on CPU tensors (dispatch plus a tiny kernel);

@@ -9,9 +9,9 @@
 // kept whole (SDPA, LSTM, GRU: `register_recorder_kernels(extra)`).
 //
 // The kernel records the call in C++ (frontend/recorder.h), without the GIL. It takes the GIL
-// afterwards, with the process lock released, only to give the new tensors their Python objects
-// (LazyTensor instances) and, when the pending graph passed its limit, to let the runtime run it
-// (genie.runtime). Calls the C++ recorder does not take go to genie.recorder.dispatch(func, args,
+// afterwards, with the process lock released, only when the pending graph passed its limit, to
+// let the runtime run it (genie.runtime). New tensors are plain torch.Tensors: PyTorch gives them
+// Python objects when they reach Python, as it does for any device. Calls the C++ recorder does not take go to genie.recorder.dispatch(func, args,
 // kwargs) with the arguments as __torch_dispatch__ would get them: positional arguments up to
 // the last one that differs from its default, keyword-only ones that differ as kwargs, dtypes,
 // layouts and memory formats as their Python objects, wrapped numbers as numbers. Its results
@@ -54,10 +54,9 @@ using frontend::Recorded;
 
 namespace {
 
-/// genie.recorder's entry points and genie.lazy.LazyTensor (strong references, set once).
+/// genie.recorder's entry points (strong references, set once).
 struct Entry {
   PyObject* dispatch = nullptr;     // genie.recorder.dispatch(func, args, kwargs)
-  PyObject* lazy_tensor = nullptr;  // genie.lazy.LazyTensor
   PyObject* run_pending = nullptr;  // genie.runtime.run_pending(device_index)
 };
 Entry g_entry;
@@ -69,26 +68,6 @@ bool matches(const c10::Argument& arg, c10::TypeKind kind) {
   return false;
 }
 
-}  // namespace
-
-PyObject* wrapLazy(const at::Tensor& tensor) {
-  if (frontend::isLazy(tensor)) {
-    PyObject* obj = THPVariable_Wrap(tensor);
-    if (obj == nullptr) return nullptr;
-    // A LazyTensor's TensorImpl that PyTorch made without Python (a shallow copy: autograd's saved
-    // outputs) gets a plain torch.Tensor object: make it a LazyTensor (it adds no fields).
-    if (Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(THPVariableClass) && g_entry.lazy_tensor != nullptr &&
-        PyObject_SetAttrString(obj, "__class__", g_entry.lazy_tensor) < 0) {
-      Py_DECREF(obj);
-      return nullptr;
-    }
-    return obj;
-  }
-  return THPVariable_Wrap(tensor);
-}
-
-namespace {
-
 /// One argument as __torch_dispatch__ receives it (a new reference).
 PyObject* toPython(const c10::Argument& arg, const c10::IValue& value) {
   if (value.isNone()) Py_RETURN_NONE;
@@ -99,7 +78,7 @@ PyObject* toPython(const c10::Argument& arg, const c10::IValue& value) {
     if (tensor.defined() && tensor.unsafeGetTensorImpl()->is_wrapped_number()) {
       return torch::jit::toPyObject(tensor.item()).release().ptr();
     }
-    return wrapLazy(tensor);
+    return THPVariable_Wrap(tensor);
   }
   if (value.isInt()) {
     if (matches(arg, c10::TypeKind::ScalarTypeType)) {
@@ -118,7 +97,7 @@ PyObject* toPython(const c10::Argument& arg, const c10::IValue& value) {
     py::object out = py::reinterpret_steal<py::object>(PyList_New(static_cast<Py_ssize_t>(list.size())));
     if (!out) return nullptr;
     for (size_t i = 0; i < list.size(); ++i) {
-      PyObject* item = list[i].isTensor() ? wrapLazy(list[i].toTensor())
+      PyObject* item = list[i].isTensor() ? THPVariable_Wrap(list[i].toTensor())
                                           : torch::jit::toPyObject(list[i]).release().ptr();
       if (item == nullptr) return nullptr;
       PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item);
@@ -192,17 +171,11 @@ void recordInPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   pushResults(schema, out.ptr(), stack);
 }
 
-/// The Python objects of the new tensors (LazyTensor instances, kept by their TensorImpls), and
-/// the runtime's turn when the pending graph passed its limit. With the GIL, without the lock.
+/// The runtime's turn when the pending graph passed its limit. Takes the GIL; without the lock.
 void afterRecording(const Recorded& recorded, bool wants_run) {
-  if (recorded.fresh.empty() && !wants_run) return;
+  if (!wants_run) return;
   py::gil_scoped_acquire gil;
-  for (const at::Tensor& t : recorded.fresh) {
-    PyObject* obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject*>(g_entry.lazy_tensor));
-    if (obj == nullptr) throwPythonError();
-    Py_DECREF(obj);  // the TensorImpl keeps it (PyTorch's PyObject preservation)
-  }
-  if (wants_run && g_entry.run_pending != nullptr) {
+  if (g_entry.run_pending != nullptr) {
     py::object index = py::reinterpret_steal<py::object>(PyLong_FromLong(recorded.recording->device_index));
     py::object r = py::reinterpret_steal<py::object>(index ? PyObject_CallOneArg(g_entry.run_pending, index.ptr()) : nullptr);
     if (!r) throwPythonError();
@@ -313,6 +286,9 @@ int registerKernels(const std::vector<std::string>& extra) {
       ++count;
     }
     if (key == c10::DispatchKey::PrivateUse1) {
+      // Shallow-copy compatibility with the dense backends, so that Module._apply keeps each
+      // Parameter and swaps its data (`param.data = moved`), as for CUDA.
+      kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(frontend::hasCompatibleShallowCopyType));
       for (const auto& name : extra) {
         kernels->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&recordBoxed>());
         ++count;
@@ -347,11 +323,6 @@ py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vecto
     return py::reinterpret_borrow<py::object>(Py_NotImplemented);
   }
   const bool wants = recorded.wants_run;
-  for (const at::Tensor& t : recorded.fresh) {
-    PyObject* obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject*>(g_entry.lazy_tensor));
-    if (obj == nullptr) throw py::error_already_set();
-    Py_DECREF(obj);
-  }
   py::object result = torch::jit::createPyObjectForStack(std::move(stack));
   if (wants && g_entry.run_pending != nullptr) {
     py::reinterpret_borrow<py::object>(g_entry.run_pending)(recorded.recording->device_index);
@@ -468,15 +439,14 @@ error.)doc")
       .def("call", &PartCall::call, py::arg("args"));
   m.def(
       "configure_recorder",
-      [](py::object lazy_tensor, py::object dispatch, py::object run_pending, std::vector<std::string> python_ops) {
-        g_entry.lazy_tensor = lazy_tensor.release().ptr();
+      [](py::object dispatch, py::object run_pending, std::vector<std::string> python_ops) {
         g_entry.dispatch = dispatch.release().ptr();
         g_entry.run_pending = run_pending.release().ptr();
         frontend::LockGuard lock;
         frontend::setPythonOps(python_ops);
       },
-      py::arg("lazy_tensor"), py::arg("dispatch"), py::arg("run_pending"), py::arg("python_ops"),
-      "configure_recorder(LazyTensor, dispatch, run_pending, python_ops): the tensor class of new outputs, "
+      py::arg("dispatch"), py::arg("run_pending"), py::arg("python_ops"),
+      "configure_recorder(dispatch, run_pending, python_ops): "
       "genie.recorder.dispatch (the calls the C++ recorder does not take), the runtime's hook for a pending "
       "graph past its limit (run_pending(device_index)), and the aten ops ('aten::name.overload') always "
       "handed to dispatch. genie.recorder calls it once at import.");

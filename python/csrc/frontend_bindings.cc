@@ -45,7 +45,6 @@ using frontend::StoragePtr;
 using frontend::Value;
 using frontend::ValuePtr;
 
-PyObject* wrapLazy(const at::Tensor& tensor);  // dispatch_kernel.cc
 
 namespace {
 
@@ -101,7 +100,7 @@ c10::IValue nodeArg(py::handle obj, const c10::Argument& argument) {
   if (py::isinstance<Value>(obj)) return frontend::capsuleOf(obj.cast<ValuePtr>());
   if (THPVariable_Check(obj.ptr())) {
     const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-    if (auto* impl = frontend::lazyImpl(t)) return frontend::capsuleOf(impl->value());
+    if (auto* impl = frontend::lazyState(t)) return frontend::capsuleOf(impl->value());
     return t;
   }
   const auto kind = argument.real_type()->kind();
@@ -177,12 +176,16 @@ NodePtr appendNode(Recording& rec, py::handle func, py::sequence args, py::dict 
   return node;
 }
 
-frontend::LazyTensorImpl& lazyOf(py::handle t, const char* what) {
+/// The device tensor `t`; TypeError naming `what` for anything else.
+const at::Tensor& deviceTensorOf(py::handle t, const char* what) {
   if (THPVariable_Check(t.ptr())) {
-    if (auto* impl = frontend::lazyImpl(THPVariable_Unpack(t.ptr()))) return *impl;
+    const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+    if (frontend::isLazy(tensor)) return tensor;
   }
   throw py::type_error(std::string(what) + ": expected a remote_accelerator tensor, got " + typeName(t));
 }
+
+frontend::LazyState& lazyOf(py::handle t, const char* what) { return *frontend::lazyState(deviceTensorOf(t, what)); }
 
 py::object numberObject(const frontend::Number& n) {
   return n.is_float ? py::object(py::float_(n.d)) : py::object(py::int_(n.i));
@@ -293,7 +296,7 @@ when it is lost; `host` is its exact contents on the host when known.)doc")
       .def("add_tensor", [](Value& v) {
         v.tensors.fetch_add(1);
         v.storage->live.fetch_add(1);
-      }, "Counts one more tensor on the value (and its storage) that is not a LazyTensor of its own: "
+      }, "Counts one more tensor on the value (and its storage) that is not a device tensor of its own: "
          "a value only a queued op holds; Recording.note_dead counts it down.")
       .def("__hash__", [](const Value& v) { return reinterpret_cast<uintptr_t>(&v); })
       .def("__eq__", [](const Value& a, py::object b) { return py::isinstance<Value>(b) && &a == b.cast<const Value*>(); })
@@ -500,19 +503,19 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
   m.def("next_seq", &frontend::nextSeq, "next_seq() -> int: the seq (program order) the next recorded op gets.");
   m.def("lazy_value", [](py::handle t) -> py::object {
     if (!THPVariable_Check(t.ptr())) return py::none();
-    auto* impl = frontend::lazyImpl(THPVariable_Unpack(t.ptr()));
+    auto* impl = frontend::lazyState(THPVariable_Unpack(t.ptr()));
     if (impl == nullptr || !impl->value()) return py::none();
     return py::cast(impl->value());
-  }, "lazy_value(tensor) -> Value | None: the value a LazyTensor holds now; None for any other tensor.");
+  }, "lazy_value(tensor) -> Value | None: the value a device tensor holds now; None for any other tensor.");
   m.def("lazy_recording", [](py::handle t) -> py::object {
     if (!THPVariable_Check(t.ptr())) return py::none();
-    auto* impl = frontend::lazyImpl(THPVariable_Unpack(t.ptr()));
+    auto* impl = frontend::lazyState(THPVariable_Unpack(t.ptr()));
     if (impl == nullptr) return py::none();
     return py::cast(impl->recordingPtr());
   }, "lazy_recording(tensor) -> Recording | None.");
   m.def("is_lazy", [](py::handle t) {
-    return THPVariable_Check(t.ptr()) && frontend::lazyImpl(THPVariable_Unpack(t.ptr())) != nullptr;
-  }, "is_lazy(obj) -> bool: a tensor on remote_accelerator (a LazyTensor's TensorImpl).");
+    return THPVariable_Check(t.ptr()) && frontend::lazyState(THPVariable_Unpack(t.ptr())) != nullptr;
+  }, "is_lazy(obj) -> bool: a tensor on remote_accelerator (its TensorImpl holds a Genie state).");
   m.def("make_lazy", [](const ValuePtr& value, const RecordingPtr& rec, std::vector<int64_t> shape,
                         std::optional<std::vector<int64_t>> strides, int64_t offset, py::object base) {
     frontend::Desc desc;
@@ -545,27 +548,22 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       frontend::LockGuard lock;
       t = frontend::makeLazy(value, desc, rec, base_tensor);
     }
-    return py::reinterpret_steal<py::object>(wrapLazy(t));
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
   }, py::arg("value"), py::arg("recording"), py::arg("shape"), py::arg("strides") = std::nullopt,
      py::arg("offset") = 0, py::arg("base") = py::none(),
-     "make_lazy(value, recording, shape, strides=None, offset=0, base=None) -> LazyTensor: a new tensor holding "
+     "make_lazy(value, recording, shape, strides=None, offset=0, base=None) -> Tensor: a new device tensor holding "
      "`value` (dtype: the value's) with this geometry (strides None: contiguous); `base`: the tensor it is a view "
      "of (shares its storage and inference status).");
   m.def("rebind", [](py::handle t, const ValuePtr& value) {
     frontend::LockGuard lock;
     lazyOf(t, "rebind").rebind(value);
-  }, "rebind(tensor, value): the LazyTensor holds `value` from now on (an in-place result on its storage).");
+  }, "rebind(tensor, value): the device tensor holds `value` from now on (an in-place result on its storage).");
   m.def("set_storage", [](py::handle t, py::handle storage) {
-    auto& impl = lazyOf(t, "set_storage");
+    const at::Tensor& tensor = deviceTensorOf(t, "set_storage");
     if (!THPStorage_Check(storage.ptr())) throw py::type_error("set_storage: not a torch.UntypedStorage");
-    impl.set_storage_keep_dtype(THPStorage_Unpack(storage.ptr()));
-  }, "set_storage(tensor, storage): the LazyTensor's storage becomes `storage` (aten::set_ onto a storage), as on "
-     "any device; its value is the caller's to rebind.");
-  m.def("pin_storage", [](py::handle owner) {
-    frontend::LockGuard lock;
-    frontend::pinStorageValue(THPVariable_Unpack(owner.ptr()));
-  }, "pin_storage(owner): `owner.untyped_storage()` (owner: the LazyTensor spanning it) holds owner's value from now "
-     "on (frontend/device_storage.h), unless it holds one already.");
+    tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(THPStorage_Unpack(storage.ptr()));
+  }, "set_storage(tensor, storage): the device tensor's storage becomes `storage` (aten::set_ onto a storage), as "
+     "on any device; its value is the caller's to rebind.");
   m.def("storage_tensor", [](py::handle storage, py::handle make) -> py::object {
     if (!THPStorage_Check(storage.ptr())) throw py::type_error("storage_tensor: not a torch.UntypedStorage");
     const c10::Storage& s = THPStorage_Unpack(storage.ptr());
@@ -577,42 +575,44 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
     if (sv.state == frontend::StorageValue::kNone) return py::none();
     if (sv.state == frontend::StorageValue::kUnbound) {
       py::object fresh = make(static_cast<int64_t>(s.nbytes()));  // uint8 [nbytes] on the storage's device
-      auto& impl = lazyOf(fresh, "storage_tensor");
-      TORCH_CHECK(impl.dtype() == caffe2::TypeMeta::Make<uint8_t>() && impl.numel() == static_cast<int64_t>(s.nbytes()),
+      const at::Tensor& made = deviceTensorOf(fresh, "storage_tensor");
+      TORCH_CHECK(made.scalar_type() == at::kByte && made.numel() == static_cast<int64_t>(s.nbytes()),
                   "storage_tensor: make(nbytes) must give a uint8 tensor of nbytes elements");
       frontend::LockGuard lock;
-      frontend::bindStorageValue(s, impl.value(), impl.recordingPtr());
+      const frontend::LazyState& state = *frontend::lazyState(made);
+      frontend::bindStorageValue(s, state.value(), state.recordingPtr());
       sv = frontend::storageValue(s);
     }
     at::Tensor t;
     {
       frontend::LockGuard lock;
-      t = frontend::makeLazy(sv.value, sv.desc, sv.recording, nullptr);
+      t = sv.byte_offset == 0 ? frontend::makeLazyOn(sv.value, sv.desc, sv.recording, s)
+                              : frontend::makeLazy(sv.value, sv.desc, sv.recording, nullptr);
     }
-    if (sv.byte_offset == 0) t.unsafeGetTensorImpl()->set_storage_keep_dtype(s);
-    return py::make_tuple(py::reinterpret_steal<py::object>(wrapLazy(t)), sv.byte_offset);
+    return py::make_tuple(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)), sv.byte_offset);
   }, py::arg("storage"), py::arg("make"),
-     "storage_tensor(storage, make) -> (LazyTensor, byte_offset) | None: for a torch.UntypedStorage on "
+     "storage_tensor(storage, make) -> (Tensor, byte_offset) | None: for a torch.UntypedStorage on "
      "remote_accelerator, a tensor holding the value of its bytes (frontend/device_storage.h) and where the storage "
      "starts in that tensor's storage (a slice); a storage allocated from the host is bound at first use to the "
-     "value of make(nbytes) (a new uint8 [nbytes] LazyTensor). None when no value is known.");
+     "value of make(nbytes) (a new uint8 [nbytes] device tensor). None when no value is known.");
   m.def("lazy_clone_storage", [](py::handle t, py::handle source) {
-    auto& impl = lazyOf(t, "lazy_clone_storage");
-    auto& src = lazyOf(source, "lazy_clone_storage");
+    const at::Tensor& tensor = deviceTensorOf(t, "lazy_clone_storage");
+    const at::Tensor& src = deviceTensorOf(source, "lazy_clone_storage");
     c10::intrusive_ptr<c10::StorageImpl> cow = c10::impl::cow::lazy_clone_storage(*src.storage().unsafeGetStorageImpl());
     TORCH_CHECK(cow, "_lazy_clone: the storage of this remote_accelerator tensor cannot be made copy-on-write");
-    impl.set_storage_keep_dtype(c10::Storage(std::move(cow)));
+    tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(std::move(cow)));
   }, "lazy_clone_storage(tensor, source): `tensor` (the node's clone of `source`) takes a copy-on-write clone of "
      "`source`'s storage, as c10 lazy-clones one: same data address, each a COW storage until written.");
   m.def("set_geometry", [](py::handle t, std::vector<int64_t> shape, std::vector<int64_t> strides, int64_t offset) {
-    auto& impl = lazyOf(t, "set_geometry");
+    const at::Tensor& tensor = deviceTensorOf(t, "set_geometry");
     frontend::Desc d;
     d.sizes.assign(shape.begin(), shape.end());
     d.strides.assign(strides.begin(), strides.end());
     d.offset = offset;
-    d.dtype = impl.dtype().toScalarType();
-    impl.setGeometry(d);
-  }, "set_geometry(tensor, shape, strides, offset): a LazyTensor's sizes, strides and offset change (resize).");
+    d.dtype = tensor.scalar_type();
+    frontend::LockGuard lock;
+    frontend::setGeometry(tensor, d);
+  }, "set_geometry(tensor, shape, strides, offset): a device tensor's sizes, strides and offset change (resize).");
   m.def("op_facts", [](py::handle func) {
     const c10::OperatorHandle op = operatorOf(func);
     frontend::LockGuard lock;

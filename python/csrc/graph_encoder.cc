@@ -300,7 +300,17 @@ class Decoder {
         }
         return out;
       }
-      case Value::DoubleListValue: return listOf<py::float_>(arg.value_as_DoubleListValue()->v());
+      case Value::DoubleListValue: {
+        const auto* list = arg.value_as_DoubleListValue();
+        const auto* slots = list->scalar_slots();
+        py::list out;
+        for (uint32_t i = 0; list->v() && i < list->v()->size(); ++i) {
+          const bool is_slot = slots && slots->size() > i && slots->Get(i) >= 0;
+          out.append(is_slot ? py::cast(ScalarSlot{static_cast<uint32_t>(slots->Get(i))})
+                             : py::object(py::float_(list->v()->Get(i))));
+        }
+        return out;
+      }
       case Value::BoolListValue: {
         py::list out;
         const auto* v = arg.value_as_BoolListValue()->v();
@@ -457,7 +467,7 @@ nodes: list[tuple[str, str, list[tuple[str, object]], int]]: (op, overload or ""
     DeviceValue -> torch.device (the type string as is when torch does not know it);
     TensorValue -> TensorRef(v); ScalarInputValue -> ScalarSlot(s);
     IntListValue -> list of int, ScalarSlot(s) where scalar_slots[i] >= 0;
-    DoubleListValue -> list of float; BoolListValue -> list of bool;
+    DoubleListValue -> list of float, ScalarSlot(s) where scalar_slots[i] >= 0; BoolListValue -> list of bool;
     TensorListValue -> list of TensorRef; OptionalTensorListValue -> TensorRef or None (-1).
 Raises ValueError with wire::verifyGraph's message when the bytes are not a valid Graph
 (e.g. "decode_graph: Graph: failed FlatBuffers verification ..."), and naming the node and

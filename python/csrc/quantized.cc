@@ -1,6 +1,6 @@
 // Quantized tensors on remote_accelerator: the client's half.
 //
-// A quantized tensor on the device is a LazyTensorImpl whose dtype is quantized (torch.quint8,
+// A quantized tensor on the device is a QTensorImpl whose dtype is quantized (torch.quint8,
 // qint8, qint32, quint4x2, quint2x4): its key set is QuantizedPrivateUse1's and it carries its
 // quantizer as PyTorch's QTensorImpl does (frontend/lazy_tensor.h). Per-tensor affine only.
 // Every op on it reaches the recorder (dispatch_kernel.cc registers the recorder's kernel as the
@@ -10,6 +10,7 @@
 // q_zero_point, qscheme, quantizer, set_quantizer_. Reads of the values go through int_repr
 // (genie.transfers).
 #include <ATen/core/Tensor.h>
+#include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -22,11 +23,15 @@
 namespace genie::python {
 namespace {
 
-using frontend::LazyTensorImpl;
-using frontend::lazyImpl;
+using frontend::lazyState;
+
+/// The QTensorImpl of a quantized device tensor, or nullptr.
+at::QTensorImpl* qImpl(const at::Tensor& self) {
+  return lazyState(self) != nullptr ? dynamic_cast<at::QTensorImpl*>(self.unsafeGetTensorImpl()) : nullptr;
+}
 
 at::QuantizerPtr quantizerOf(const at::Tensor& self, const char* op) {
-  LazyTensorImpl* impl = lazyImpl(self);
+  at::QTensorImpl* impl = qImpl(self);
   at::QuantizerPtr q = impl != nullptr ? impl->quantizer() : at::QuantizerPtr();
   TORCH_CHECK(q, op, ": the quantizer of this remote_accelerator tensor is unknown");
   return q;
@@ -58,8 +63,8 @@ void quantizer(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
 void setQuantizer(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
   const at::QuantizerPtr quantizer = torch::jit::pop(*stack).toQuantizer();
   const at::Tensor self = torch::jit::pop(*stack).toTensor();
-  LazyTensorImpl* impl = lazyImpl(self);
-  TORCH_CHECK(impl != nullptr, "aten::set_quantizer_: expected a remote_accelerator tensor");
+  at::QTensorImpl* impl = qImpl(self);
+  TORCH_CHECK(impl != nullptr, "aten::set_quantizer_: expected a quantized remote_accelerator tensor");
   const at::QuantizerPtr held = impl->quantizer();
   if (!(held && quantizer && held->equalTo(quantizer))) {
     TORCH_CHECK_NOT_IMPLEMENTED(!held || !quantizer, "aten::set_quantizer_: giving a remote_accelerator tensor "

@@ -2,7 +2,7 @@
 
     import genie, torch
     model = model.to("remote_accelerator:0")    # weights go to the node once, stay resident
-    out = model(x.to("remote_accelerator:0"))   # ops are recorded lazily (LazyTensor)
+    out = model(x.to("remote_accelerator:0"))   # ops are recorded lazily, plain torch.Tensors
     print(out.argmax(-1).tolist())              # materialization: one request, only these bytes
 
 Importing genie registers the `remote_accelerator` device with PyTorch. The node is named
@@ -17,7 +17,6 @@ from . import runtime as _runtime
 from .api import (DeviceProperties, capture, client_stats, device_count, get_device, get_graph, init,
                   memory_stats, shutdown, synchronize)
 from .errors import GenieConnectionError, GenieError, GenieRemoteError
-from .lazy import LazyTensor
 
 _device.register()
 
@@ -78,6 +77,6 @@ def disaggregate(model, example_ids, **kwargs):
 
 
 __all__ = [
-    "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "LazyTensor", "capture",
+    "DeviceProperties", "GenieConnectionError", "GenieError", "GenieRemoteError", "capture",
     "client_stats", "compile_stats", "device_count", "disaggregate", "explain", "get_device", "get_graph", "init", "memory_stats", "place", "shutdown", "synchronize",
 ]

@@ -244,17 +244,44 @@ def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
 
     Without gradients (inference): below autograd, so the whole op is recorded and the node
     runs its fused kernel. When a gradient must flow through it (grad mode on, an input that
-    requires grad): PyTorch's math decomposition (`aten::_scaled_dot_product_attention_math`:
-    matmuls, softmax, dropout), whose ops autograd differentiates and the node runs forward
-    and backward. The client cannot choose a fused kernel with a backward for the node's
-    device (CPU flash, CUDA flash or memory-efficient); the math path is correct on every
-    device, within float rounding of the fused kernels."""
+    requires grad), a differentiable op the node can run forward and backward:
+    - on a node that runs the CPU's kernels, the one the CPU picks for these arguments
+      (`torch._fused_sdp_choice` of CPU tensors of the same geometry): its flash kernel
+      (`aten::_scaled_dot_product_flash_attention_for_cpu`, whose backward autograd records),
+      so training gives the CPU's results; else
+    - PyTorch's math decomposition (`aten::_scaled_dot_product_attention_math`: matmuls,
+      softmax, dropout), whose ops autograd differentiates. The client cannot choose a fused
+      kernel with a backward for a GPU node (CUDA flash or memory-efficient); the math path is
+      correct on every device, within float rounding of the fused kernels."""
     if _gradient_flows((query, key, value, attn_mask)):
+        if _cpu_picks_flash(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+            if attn_mask is not None and attn_mask.dtype == torch.bool:  # as the CPU's SDPA converts it
+                attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device).masked_fill_(
+                    attn_mask.logical_not(), float("-inf"))
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+                query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
         return torch.ops.aten._scaled_dot_product_attention_math.default(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.aten.scaled_dot_product_attention.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _cpu_picks_flash(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> bool:
+    """Whether `query`'s node runs the CPU's kernels and the CPU's SDPA would take its flash
+    kernel for arguments of this geometry, dtype and requires_grad (`torch._fused_sdp_choice`)."""
+    from .record import runtime_of
+    if enable_gqa or not runtime_of(query).recording.cpu_kernels:
+        return False
+
+    def like(t):
+        if t is None:
+            return None
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad)
+
+    choice = torch._fused_sdp_choice(like(query), like(key), like(value), like(attn_mask), dropout_p, is_causal,
+                                     scale=scale)
+    return choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 
 
 def _gradient_flows(args) -> bool:

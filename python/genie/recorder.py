@@ -1,6 +1,6 @@
 """Recording in Python: the aten calls the C++ recorder hands over.
 
-Ops on LazyTensors are recorded in C++ by the PrivateUse1 kernel (python/csrc/dispatch_kernel.cc,
+Ops on device tensors are recorded in C++ by the PrivateUse1 kernel (python/csrc/dispatch_kernel.cc,
 python/csrc/frontend/recorder.h): device checks, shape inference with its plan cache, the node,
 the output tensors. `dispatch(func, args, kwargs)` gets the rest, with the arguments as
 __torch_dispatch__ would get them:
@@ -12,7 +12,7 @@ __torch_dispatch__ would get them:
   their descriptors come back;
 - ops that return Python scalars (`aten::equal`): they run now;
 - Python custom ops (`torch.library.custom_op`): their device-agnostic Python implementation runs
-  on the LazyTensors, so the aten ops it calls are recorded;
+  on the device tensors, so the aten ops it calls are recorded;
 - calls that read a lost value (a failed run, a lost node): the value's error is raised.
 Everything else these handlers record goes back to the C++ recorder through `genie.record`.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from . import _C, compat, sparse, transfers
 from .graph import op_name
-from .lazy import LazyTensor, lock
+from .lazy import lock
 from .record import record_op, run_pending
 
 
@@ -48,4 +48,4 @@ _SPECIAL = _special_table()
 # advanced indexing) only when they cross the host (python/csrc/frontend/op_facts.h Route).
 _ALWAYS_PYTHON = [op_name(op) for op in (*transfers.HANDLERS, *compat.HANDLERS, *sparse.HANDLERS)
                   if op not in transfers.CONDITIONAL and op not in compat.CONDITIONAL]
-_C.configure_recorder(LazyTensor, dispatch, run_pending, _ALWAYS_PYTHON)
+_C.configure_recorder(dispatch, run_pending, _ALWAYS_PYTHON)

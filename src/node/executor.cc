@@ -103,6 +103,7 @@ struct BoundArgument {
     kTensorList,          // values[ids...]
     kOptionalTensorList,  // values[ids...], -1 = None
     kIntListWithSlots,    // ints, some taken from scalar slots
+    kDoubleListWithSlots, // floats (float[], or Scalar[] as `slot_as` kNumber), some taken from scalar slots
     kScalarSlot,          // scalars[slot], converted to `slot_as`
   };
   enum class SlotAs : uint8_t { kInt, kFloat, kBool, kNumber, kTensor };
@@ -111,6 +112,7 @@ struct BoundArgument {
   c10::IValue literal;
   uint32_t value = 0;
   std::vector<int64_t> ids;
+  std::vector<double> doubles;
   std::vector<int32_t> slots;
   int32_t slot = -1;
   SlotAs slot_as = SlotAs::kNumber;
@@ -258,6 +260,17 @@ class Binder {
     }
   }
 
+  /// A DoubleListValue with scalar slots: bound as kDoubleListWithSlots (true), else false.
+  static bool doublesWithSlots(const wire::DoubleListValue& list, BoundArgument::SlotAs as, BoundArgument& out) {
+    const auto* slots = list.scalar_slots();
+    if (slots == nullptr || slots->size() == 0) return false;
+    out.kind = BoundArgument::Kind::kDoubleListWithSlots;
+    out.doubles = list.v() ? std::vector<double>(list.v()->begin(), list.v()->end()) : std::vector<double>{};
+    out.slots.assign(slots->begin(), slots->end());
+    out.slot_as = as;
+    return true;
+  }
+
   std::optional<std::string> bindList(const c10::Argument& argument, const c10::TypePtr& element,
                                       const wire::Argument& wire_arg, BoundArgument& out) const {
     const Value kind = wire_arg.value_type();
@@ -292,6 +305,7 @@ class Binder {
         return literal(std::move(doubles), out);
       }
       if (kind != Value::DoubleListValue) return fmt::format("expects float[], got {}", wire::EnumNameValue(kind));
+      if (doublesWithSlots(*wire_arg.value_as_DoubleListValue(), BoundArgument::SlotAs::kFloat, out)) return std::nullopt;
       const auto* v = wire_arg.value_as_DoubleListValue()->v();
       return literal(c10::List<double>(v ? std::vector<double>(v->begin(), v->end()) : std::vector<double>{}), out);
     }
@@ -299,6 +313,10 @@ class Binder {
       // Scalar[] (aten::_foreach_div_.ScalarList: a step size per tensor): a list of numbers,
       // which ATen's unboxing reads from a generic list typed Scalar.
       c10::impl::GenericList scalars(c10::NumberType::get());
+      if (kind == Value::DoubleListValue &&
+          doublesWithSlots(*wire_arg.value_as_DoubleListValue(), BoundArgument::SlotAs::kNumber, out)) {
+        return std::nullopt;
+      }
       if (kind == Value::DoubleListValue) {
         const auto* v = wire_arg.value_as_DoubleListValue()->v();
         for (uint32_t i = 0; v && i < v->size(); ++i) scalars.push_back(v->Get(i));
@@ -543,6 +561,10 @@ int64_t slotInt(const ScalarSlotValue& value) {
   return std::visit([](auto v) { return static_cast<int64_t>(v); }, value);
 }
 
+double slotDouble(const ScalarSlotValue& value) {
+  return std::visit([](auto v) { return static_cast<double>(v); }, value);
+}
+
 }  // namespace
 
 Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::span<const at::Tensor> inputs,
@@ -623,6 +645,20 @@ Result<std::vector<at::Tensor>> Executor::run(const CompiledGraph& graph, std::s
             if (arg.slots[i] >= 0) ints[i] = slotInt(scalars[arg.slots[i]]);
           }
           stack.emplace_back(c10::List<int64_t>(ints));
+          break;
+        }
+        case BoundArgument::Kind::kDoubleListWithSlots: {
+          std::vector<double> doubles = arg.doubles;
+          for (size_t i = 0; i < arg.slots.size() && i < doubles.size(); ++i) {
+            if (arg.slots[i] >= 0) doubles[i] = slotDouble(scalars[arg.slots[i]]);
+          }
+          if (arg.slot_as == BoundArgument::SlotAs::kNumber) {
+            c10::impl::GenericList numbers(c10::NumberType::get());
+            for (double d : doubles) numbers.push_back(d);
+            stack.emplace_back(std::move(numbers));
+          } else {
+            stack.emplace_back(c10::List<double>(doubles));
+          }
           break;
         }
         case BoundArgument::Kind::kScalarSlot: stack.push_back(slotValue(scalars[arg.slot], arg.slot_as)); break;

@@ -272,8 +272,10 @@ Status checkScalarSlot(int64_t slot, const GraphScope& scope, const Path& p) {
   return Status::ok();
 }
 
-Status checkIntList(const IntListValue& list, const GraphScope& scope, const Path& p) {
-  GENIE_RETURN_IF_ERROR(checkAligned(list.v(), sizeof(int64_t), Path(p, "v")));
+/// An int or float list's scalar slots: none, or one per element, each -1 (the literal) or a
+/// scalar input of the graph.
+template <typename List>
+Status checkListSlots(const List& list, const GraphScope& scope, const Path& p) {
   const auto* slots = list.scalar_slots();
   if (!slots || slots->size() == 0) return Status::ok();
   const uint32_t n = list.v() ? list.v()->size() : 0;
@@ -286,6 +288,16 @@ Status checkIntList(const IntListValue& list, const GraphScope& scope, const Pat
     GENIE_RETURN_IF_ERROR(checkScalarSlot(slot, scope, Path(p, "scalar_slots", i)));
   }
   return Status::ok();
+}
+
+Status checkIntList(const IntListValue& list, const GraphScope& scope, const Path& p) {
+  GENIE_RETURN_IF_ERROR(checkAligned(list.v(), sizeof(int64_t), Path(p, "v")));
+  return checkListSlots(list, scope, p);
+}
+
+Status checkDoubleList(const DoubleListValue& list, const GraphScope& scope, const Path& p) {
+  GENIE_RETURN_IF_ERROR(checkAligned(list.v(), sizeof(double), Path(p, "v")));
+  return checkListSlots(list, scope, p);
 }
 
 Status checkValue(const Argument& arg, const GraphScope& scope, const Path& p) {
@@ -318,8 +330,7 @@ Status checkValue(const Argument& arg, const GraphScope& scope, const Path& p) {
     case Value::ScalarInputValue:
       return checkScalarSlot(arg.value_as_ScalarInputValue()->slot(), scope, Path(p, "slot"));
     case Value::IntListValue: return checkIntList(*arg.value_as_IntListValue(), scope, p);
-    case Value::DoubleListValue:
-      return checkAligned(arg.value_as_DoubleListValue()->v(), sizeof(double), Path(p, "v"));
+    case Value::DoubleListValue: return checkDoubleList(*arg.value_as_DoubleListValue(), scope, p);
     case Value::DTypeValue: {
       const DType dtype = arg.value_as_DTypeValue()->v();
       if (dtypeSize(dtype) == 0) {

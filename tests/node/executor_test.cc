@@ -207,6 +207,26 @@ TEST_F(ExecutorTest, ScalarSlotsChangeBetweenRuns) {
   EXPECT_TRUE(at::equal(b[mul], tx.view({2, -1, 6}) * 0.5));
 }
 
+TEST_F(ExecutorTest, ScalarSlotsInsideAScalarListChangeBetweenRuns) {
+  // A per-tensor step size (aten::_foreach_mul.ScalarList, as a foreach optimizer step sends
+  // one): element 1 of the Scalar[] comes from scalar input 0 each run, element 0 stays 2.0.
+  GraphBuilder g;
+  uint32_t x = g.input(DType::Float32, {3});
+  uint32_t y = g.input(DType::Float32, {2});
+  uint32_t step = g.scalarSlot();
+  uint32_t first = g.op("aten::_foreach_mul", "ScalarList",
+                        {Tensors({x, y}), Doubles({2.0, 0.0}, {-1, static_cast<int32_t>(step)})}, 2);
+  auto compiled = compileOrFail(executor, g);
+  ASSERT_NE(compiled.graph, nullptr);
+  at::Tensor tx = at::arange(3, at::kFloat), ty = at::ones({2}, at::kFloat);
+  for (double scale : {0.5, -3.0}) {
+    auto values = runOrFail(executor, *compiled.graph, {tx, ty}, {scale});
+    ASSERT_FALSE(values.empty());
+    EXPECT_TRUE(at::equal(values[first], tx * 2.0));
+    EXPECT_TRUE(at::equal(values[first + 1], ty * scale));
+  }
+}
+
 TEST_F(ExecutorTest, DeviceArgumentsAreRewrittenToTheNodesDevice) {
   GraphBuilder g;
   uint32_t ones = g.op("aten::ones", "", {Ints({3}), Named("dtype", Dtype(DType::Int64)), Named("device", Device("cuda", 3))});

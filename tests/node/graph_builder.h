@@ -44,9 +44,10 @@ inline Arg Ints(std::vector<int64_t> v, std::vector<int32_t> slots = {}) {
     return wire::CreateIntListValue(fbb, fbb.CreateVector(v), slots.empty() ? 0 : fbb.CreateVector(slots));
   });
 }
-inline Arg Doubles(std::vector<double> v) {
-  return makeArg<void>(wire::Value::DoubleListValue,
-                       [=](auto& fbb) { return wire::CreateDoubleListValue(fbb, fbb.CreateVector(v)); });
+inline Arg Doubles(std::vector<double> v, std::vector<int32_t> slots = {}) {
+  return makeArg<void>(wire::Value::DoubleListValue, [=](auto& fbb) {
+    return wire::CreateDoubleListValue(fbb, fbb.CreateVector(v), slots.empty() ? 0 : fbb.CreateVector(slots));
+  });
 }
 inline Arg Tensors(std::vector<uint32_t> ids) {
   return makeArg<void>(wire::Value::TensorListValue,

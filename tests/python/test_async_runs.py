@@ -64,7 +64,7 @@ def test_async_failure_is_raised_at_the_next_read(runtime):
     y = x + 1
     for _ in range(40):  # the failing op travels in an asynchronous run, more runs follow it
         y = y + 1
-    assert bad._value.node is None and runtime.in_flight  # sent, not waited for
+    assert genie.lazy.value_of(bad).node is None and runtime.in_flight  # sent, not waited for
     with pytest.raises(GenieRemoteError) as info:
         y.cpu()
     assert info.value.code == "TorchError" and "index" in info.value.op_name

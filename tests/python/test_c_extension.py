@@ -317,13 +317,13 @@ def test_closed_client_raises(genie_node):
     ((), None, torch.bool),               # 0-dim
 ])
 def test_a_lazy_tensor_is_a_privateuse1_tensor_without_python_dispatch(shape, strides, dtype):
-    """A LazyTensor has the geometry asked for, the device's dispatch keys and no Python key, and
-    a storage of the bytes that geometry spans, at a device address of its own."""
-    from genie.lazy import LazyTensor
+    """A device tensor is a plain torch.Tensor with the geometry asked for, the device's dispatch
+    keys and no Python key, and a storage of the bytes that geometry spans, at a device address
+    of its own."""
     dev = "remote_accelerator:0"
     made = (torch.empty(shape, dtype=dtype, device=dev) if strides is None
             else torch.empty_strided(shape, strides, dtype=dtype, device=dev))
-    assert type(made) is LazyTensor and C.is_lazy(made) and not C.is_lazy(torch.empty(2))
+    assert type(made) is torch.Tensor and C.is_lazy(made) and not C.is_lazy(torch.empty(2))
     keys = str(torch._C._dispatch_keys(made))
     assert "PrivateUse1" in keys and "AutogradPrivateUse1" in keys and "Python" not in keys, keys
     expected_strides = tuple(strides) if strides else torch.empty(tuple(shape)).stride()
@@ -358,25 +358,25 @@ def test_a_cut_runs_the_live_graph_with_weights_bound_and_constants_inline():
     rec.drain_dead()
     runtime.connection()
     pending = len(rec.pending)
-    cut = rec.take_cut([h._value], [])
+    cut = rec.take_cut([C.lazy_value(h)], [])
     try:
         names = [n.name for n in cut.nodes]
         assert "aten::exp" not in names and "aten::copy_" in names, names
         assert rec.pending_count == 0 and len(cut.nodes) < pending  # taken out; the dead exp left behind
-        assert sorted(cut.weights) == sorted([lin.weight._value.handle, lin.bias._value.handle])
+        assert sorted(cut.weights) == sorted([C.lazy_value(lin.weight).handle, C.lazy_value(lin.bias).handle])
         rec.registered(cut, runtime.client.register_graph(cut.encode()))  # the node accepts the wire graph
         graph_id, bindings, scalars, specs, frees = cut.request()
         assert graph_id == cut.graph_id and len(graph_id) == 16
         inline = [obj for _, obj in bindings if isinstance(obj, torch.Tensor)]
         assert [t.tolist() for t in inline if t.dim() == 0] == [2.0]  # the constant travels inline
-        assert not {lin.weight._value.handle, lin.bias._value.handle} & {obj for _, obj in bindings if isinstance(obj, bytes)}
-        assert [v for v in cut.spec_values][0] == h._value and specs[0][1] == genie.graph.RETURN_AND_KEEP
+        assert not {C.lazy_value(lin.weight).handle, C.lazy_value(lin.bias).handle} & {obj for _, obj in bindings if isinstance(obj, bytes)}
+        assert [v for v in cut.spec_values][0] == C.lazy_value(h) and specs[0][1] == genie.graph.RETURN_AND_KEEP
     finally:
         rec.restore(cut)
     assert rec.pending_count > 0
     assert torch.equal(h.cpu(), (torch.nn.functional.linear(x.cpu(), lin.weight.cpu(), lin.bias.cpu()) * 2))
     # A lost input raises its own error at the cut, and what was pending is lost with it.
     y = h + 1
-    h._value.error = GenieRemoteError("aten::relu failed", op_index=3, op_name="aten::relu")
+    C.lazy_value(h).error = GenieRemoteError("aten::relu failed", op_index=3, op_name="aten::relu")
     with pytest.raises(GenieRemoteError, match="aten::relu failed"):
         y.cpu()

@@ -145,6 +145,25 @@ TEST(WireGraph, ScalarSlotsInRange) {
     expectGraphError(g.finish(),
                      "Graph.nodes[0].args[1].value.scalar_slots: has 1 entries but v has 2");
   }
+  {
+    auto g = twoInputs(2);
+    const double v[] = {0.5, 0.0};
+    const int32_t slots[] = {-1, 2};
+    auto list = CreateDoubleListValue(g.fbb(), g.fbb().CreateVector(v, 2), g.fbb().CreateVector(slots, 2));
+    g.node("aten::_foreach_mul", "ScalarList", {g.tensor(0), g.arg("scalars", Value::DoubleListValue, list.Union())});
+    expectGraphError(g.finish(),
+                     "Graph.nodes[0].args[1].value.scalar_slots[1]: scalar slot 2 is "
+                     "out of range (num_scalar_inputs 2)");
+  }
+  {
+    auto g = twoInputs(2);
+    const double v[] = {0.5, 0.0};
+    const int32_t slots[] = {-1};
+    auto list = CreateDoubleListValue(g.fbb(), g.fbb().CreateVector(v, 2), g.fbb().CreateVector(slots, 1));
+    g.node("aten::_foreach_mul", "ScalarList", {g.tensor(0), g.arg("scalars", Value::DoubleListValue, list.Union())});
+    expectGraphError(g.finish(),
+                     "Graph.nodes[0].args[1].value.scalar_slots: has 1 entries but v has 2");
+  }
 }
 
 TEST(WireGraph, ArgumentsNeedValues) {

@@ -94,8 +94,8 @@ int64_t intOf(const c10::IValue& x) { return x.isInt() ? x.toInt() : x.toSymInt(
 ///   value(Value*) / inlineTensor(tensor) / noTensor() for tensors, between beginTensorList(n,
 ///   any_none) and endTensorList() for tensor lists; none(); boolean(b); number(Number) for a
 ///   liftable int or float; enumValue(tag, v) for dtypes, layouts, memory formats;
-///   complex(c); string(s); device(type); intList(list: every element liftable);
-///   doubleList(list) and boolList(list) (literal).
+///   complex(c); string(s); device(type); intList(list) and doubleList(list) (every element
+///   liftable; a float or Scalar list's elements as floats); boolList(list) (literal).
 /// Throws c10::Error for an argument with no wire form, naming the op.
 template <typename Visitor>
 void walkArg(const c10::IValue& v, ArgKind kind, Visitor& visitor, const Node& node) {
@@ -261,7 +261,7 @@ class Lowering {
   }
   void doubleList(c10::ArrayRef<c10::IValue> list) {
     key_.insert(key_.end(), {kDoubleList, static_cast<int64_t>(list.size())});
-    for (const c10::IValue& x : list) key_.push_back(bitsOf(doubleOf(x)));
+    for (const c10::IValue& x : list) out_.numbers.push_back(Number{true, 0, doubleOf(x)});
   }
   void boolList(c10::ArrayRef<c10::IValue> list) {
     key_.insert(key_.end(), {kBoolList, static_cast<int64_t>(list.size())});
@@ -460,10 +460,19 @@ class Encoder {
     auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
     result = {wire::Value::IntListValue, wire::CreateIntListValue(fbb_, v, s).Union()};
   }
-  void doubleList(c10::ArrayRef<c10::IValue> list) {
+  void doubleList(c10::ArrayRef<c10::IValue> list) {  // as intList: scalar_slots when any element is lifted
     std::vector<double> values;
-    for (const c10::IValue& x : list) values.push_back(doubleOf(x));
-    result = {wire::Value::DoubleListValue, wire::CreateDoubleListValue(fbb_, fbb_.CreateVector(values)).Union()};
+    std::vector<int32_t> slots;
+    bool any_slot = false;
+    for (const c10::IValue& x : list) {
+      const int32_t slot = nextSlot();
+      any_slot = any_slot || slot >= 0;
+      values.push_back(slot >= 0 ? 0.0 : doubleOf(x));
+      slots.push_back(slot);
+    }
+    auto v = fbb_.CreateVector(values);
+    auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
+    result = {wire::Value::DoubleListValue, wire::CreateDoubleListValue(fbb_, v, s).Union()};
   }
   void boolList(c10::ArrayRef<c10::IValue> list) {
     std::vector<uint8_t> bytes;

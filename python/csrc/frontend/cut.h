@@ -13,8 +13,8 @@
 //   3. lowering (lower): wire value numbering (graph inputs 0..n-1, then each node's outputs in
 //      order), the inputs (weights bound into the graph by handle, other resident values bound
 //      per run, 0-dim host tensors inline), and the structural key: the graph with its liftable
-//      numbers (int arguments, int-list elements, float arguments; not floats inside float
-//      lists) replaced by markers, weight handles included.
+//      numbers (int and float arguments, the elements of int, float and Scalar lists) replaced
+//      by markers, weight handles included.
 //   4. scalar lifting (GraphCache::prepare): per key, the numbers of the first graph seen and
 //      the positions that changed since; those travel as scalar inputs, so a decode loop whose
 //      positions grow every step registers its graph once or twice and then sends only the

@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 
-#include "frontend/lazy_tensor.h"
 #include "frontend/recording.h"
 
 namespace genie::frontend {
@@ -22,9 +21,6 @@ void* reserveAddressRange(size_t nbytes) {
   return reinterpret_cast<void*>(g_next_device_address.fetch_add(span, std::memory_order_relaxed));
 }
 
-/// A LazyTensor's storage owns nothing on the host: its context is its address (simple for COW).
-void deleteNothing(void* /*context*/) {}
-
 /// The DataPtr context of a storage that holds its value (device_storage.h).
 struct HeldStorage {
   uintptr_t address;
@@ -36,7 +32,7 @@ struct HeldStorage {
 };
 
 /// Held storages by address, for slices and noteDeviceStorageCopy. Guarded by g_held_mutex:
-/// a storage may die on any thread.
+/// a storage may die on any thread. Addresses only grow, so a new one goes at the end.
 std::mutex g_held_mutex;
 std::map<uintptr_t, HeldStorage*> g_held;
 
@@ -55,10 +51,12 @@ HeldStorage* heldOf(const c10::DataPtr& data_ptr) {
   return static_cast<HeldStorage*>(data_ptr.get_context());
 }
 
-HeldStorage* newHeld(void* address, size_t nbytes) {
-  auto* held = new HeldStorage{reinterpret_cast<uintptr_t>(address), nbytes};
-  std::lock_guard<std::mutex> lock(g_held_mutex);
-  g_held[held->address] = held;
+/// A new address range of `nbytes` and its context.
+HeldStorage* newHeld(size_t nbytes) {
+  auto* held = new HeldStorage{0, nbytes};
+  std::lock_guard<std::mutex> lock(g_held_mutex);  // addresses in the map's order
+  held->address = reinterpret_cast<uintptr_t>(reserveAddressRange(nbytes));
+  g_held.emplace_hint(g_held.end(), held->address, held);
   return held;
 }
 
@@ -73,15 +71,19 @@ void hold(HeldStorage& held, const ValuePtr& value, const Desc& desc, const c10:
 
 }  // namespace
 
-c10::Storage newDeviceStorage(size_t nbytes, c10::Device device) {
-  void* address = reserveAddressRange(nbytes);
-  return c10::Storage(c10::Storage::use_byte_size_t{}, nbytes, at::DataPtr(address, address, &deleteNothing, device),
+c10::Storage newDeviceStorage(size_t nbytes, const ValuePtr& value, const Desc& desc,
+                              const c10::intrusive_ptr<Recording>& recording) {
+  HeldStorage* held = newHeld(nbytes);
+  hold(*held, value, desc, recording);
+  auto* address = reinterpret_cast<void*>(held->address);
+  return c10::Storage(c10::Storage::use_byte_size_t{}, nbytes,
+                      at::DataPtr(address, held, &deleteHeldStorage, recording->device()),
                       c10::GetAllocator(c10::DeviceType::PrivateUse1), /*resizable=*/true);
 }
 
 c10::DataPtr allocateDeviceStorage(size_t nbytes, c10::Device device) {
-  void* address = reserveAddressRange(nbytes);
-  return c10::DataPtr(address, newHeld(address, nbytes), &deleteHeldStorage, device);
+  HeldStorage* held = newHeld(nbytes);
+  return c10::DataPtr(reinterpret_cast<void*>(held->address), held, &deleteHeldStorage, device);
 }
 
 void noteDeviceStorageCopy(void* dest) {
@@ -90,28 +92,12 @@ void noteDeviceStorageCopy(void* dest) {
   if (found != g_held.end()) found->second->copy = true;
 }
 
-bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr) {
-  return data_ptr.get() == data_ptr.get_context() || heldOf(data_ptr) != nullptr;
-}
-
-void pinStorageValue(const at::Tensor& owner) {
-  const LazyTensorImpl* impl = lazyImpl(owner);
-  if (impl == nullptr || !impl->has_storage() || !impl->value()) return;
-  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-  const c10::DataPtr& data_ptr = storage->data_ptr();
-  HeldStorage* held = heldOf(data_ptr);
-  if (held == nullptr) {
-    if (data_ptr.get_deleter() != &deleteNothing) return;  // copy-on-write
-    void* address = const_cast<void*>(data_ptr.get());
-    held = newHeld(address, storage->nbytes());
-    storage->set_data_ptr_noswap(c10::DataPtr(address, held, &deleteHeldStorage, data_ptr.device()));
-  }
-  if (!held->value && !held->copy) hold(*held, impl->value(), Desc::of(owner), impl->recordingPtr());
-}
+bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr) { return heldOf(data_ptr) != nullptr; }
 
 StorageValue storageValue(const c10::Storage& storage) {
   StorageValue out;
   if (!storage) return out;
+  if (c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) return out;  // its bytes are no value's yet
   const HeldStorage* held = heldOf(storage.data_ptr());
   if (held == nullptr) {  // a slice (storage[a:b]) of a held storage?
     const auto address = reinterpret_cast<uintptr_t>(storage.data_ptr().get());

@@ -4,17 +4,15 @@
 // aligned as CUDA's allocations, never reused), so `untyped_storage().data_ptr()` tells
 // storages apart as on CUDA and a stray host read faults at once. Its bytes live on the node.
 //
-// A storage that Python holds as such (`tensor.untyped_storage()`, `torch.UntypedStorage(n,
-// device=...)`, `Storage.to(device)`, `torch.load(map_location=...)`) knows the node value that
-// holds its bytes, so that a tensor set onto it (`aten::set_.source_Storage`: storage reads,
-// `storage.copy_`, `torch.tensor(storage)`, tensors rebuilt by torch.load and deepcopy) views
-// that value (its "storage value"):
-//  - `untyped_storage()` pins the value of the tensor spanning the storage (pinStorageValue);
-//  - a storage allocated from the host (the device allocator: allocateDeviceStorage) is bound at
-//    first use to a new uint8 [nbytes] value (`torch.empty`, genie.lazy.storage_owner).
-// The storage's DataPtr context holds the value (counted as a LazyTensor holding it) until the
-// storage dies. A LazyTensor's storage that Python never saw carries no context: its DataPtr is
-// its address alone (newDeviceStorage), nothing per op.
+// A storage holds the node value of its bytes (its "storage value"), as a CUDA storage owns its
+// memory: its DataPtr's context holds that value, counted as a tensor holding it, until the
+// storage dies. So a tensor set onto it (`aten::set_.source_Storage`: storage reads,
+// `storage.copy_`, `torch.tensor(storage)`, tensors rebuilt by torch.load, copy and deepcopy)
+// views that value, also after every tensor on it died (`t.untyped_storage()` kept alone):
+//  - a storage made for a new tensor (newDeviceStorage) holds that tensor's value, which spans it;
+//  - a storage allocated from the host (the device allocator: allocateDeviceStorage:
+//    `torch.UntypedStorage(n, device=...)`, `Storage.to(device)`, `torch.load(map_location=...)`)
+//    is bound at first use to a new uint8 [nbytes] value (`torch.empty`, genie.lazy.storage_owner).
 //
 // All these DataPtrs are "simple" for c10's copy-on-write (`Tensor._lazy_clone`): a lazy clone
 // wraps them, and a recorded write materializes the COW storage (materializeIfCow): the copy is
@@ -36,8 +34,10 @@ namespace genie::frontend {
 
 class Recording;
 
-/// The storage of a new value of `nbytes` on `device`: a device address range of its own.
-c10::Storage newDeviceStorage(size_t nbytes, c10::Device device);
+/// The storage of a new tensor of `nbytes` holding `value` (geometry `desc`, spanning the storage)
+/// on `recording`'s device: a device address range of its own, which holds `value` until it dies.
+c10::Storage newDeviceStorage(size_t nbytes, const ValuePtr& value, const Desc& desc,
+                              const c10::intrusive_ptr<Recording>& recording);
 
 /// The device allocator's allocate(n): a new address range whose storage value is bound at
 /// first use (bindStorageValue).
@@ -46,13 +46,8 @@ c10::DataPtr allocateDeviceStorage(size_t nbytes, c10::Device device);
 /// materialization calls): nothing moves on the host; `dest` is marked a copy, never bound to a
 /// fresh value (its bytes are those of the tensors on it).
 void noteDeviceStorageCopy(void* dest);
-/// Whether `data_ptr` is simple for COW: a LazyTensor's, or one that holds a storage value.
+/// Whether `data_ptr` is simple for COW: one of these storages' own (not a COW wrapper).
 bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr);
-
-/// `tensor.untyped_storage()` of a LazyTensor: its storage holds `owner`'s value (the tensor
-/// spanning it: the view's base, else the tensor) from now on, unless it holds one already or
-/// is copy-on-write. Under the process lock.
-void pinStorageValue(const at::Tensor& owner);
 
 /// A storage's value: the node value holding its bytes, with its geometry and device.
 struct StorageValue {
@@ -63,8 +58,8 @@ struct StorageValue {
   int64_t byte_offset = 0;  // where `storage` starts in the value's storage (a slice: storage[a:b])
 };
 /// The value of `storage`, or of the storage whose address range holds it (a slice); kUnbound
-/// for a storage allocated from the host not used yet; kNone when no value is known (a storage
-/// Python never held, a COW storage, a copy). Under the process lock.
+/// for a storage allocated from the host not used yet; kNone when no value is known (a COW
+/// storage, a copy, a storage of another kind). Under the process lock.
 StorageValue storageValue(const c10::Storage& storage);
 /// Binds an unbound storage allocated from the host to `value` (uint8 [nbytes] on `recording`'s
 /// device), held until the storage dies. RuntimeError if it is not unbound. Under the process lock.

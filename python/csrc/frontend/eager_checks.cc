@@ -424,10 +424,10 @@ constexpr int64_t kProbeBytes = int64_t{64} << 20;
 /// Whether the node of the call's tensors runs the CPU's kernels (Recording::cpu_kernels).
 bool onCpuKernels(const torch::jit::Stack& args) {
   for (const c10::IValue& x : args) {
-    if (x.isTensor() && isLazy(x.toTensor())) return lazyImpl(x.toTensor())->recording().cpu_kernels.load();
+    if (x.isTensor() && isLazy(x.toTensor())) return lazyState(x.toTensor())->recording().cpu_kernels.load();
     if (x.isList()) {
       for (const c10::IValue& y : x.toListRef()) {
-        if (y.isTensor() && isLazy(y.toTensor())) return lazyImpl(y.toTensor())->recording().cpu_kernels.load();
+        if (y.isTensor() && isLazy(y.toTensor())) return lazyState(y.toTensor())->recording().cpu_kernels.load();
       }
     }
   }
@@ -494,7 +494,7 @@ class ProbeTensors {
   at::Tensor quantized(const at::Tensor& t, const at::Tensor& bytes) {
     const at::ScalarType dtype = t.scalar_type();
     bytes.view(c10::toUnderlying(dtype)).as_strided(t.sizes(), t.strides(), t.storage_offset()).fill_(fill_);
-    const at::QuantizerPtr quantizer = lazyImpl(t)->quantizer();
+    const at::QuantizerPtr quantizer = quantizerOf(t);
     const auto* affine = dynamic_cast<const at::PerTensorAffineQuantizer*>(quantizer.get());
     at::Tensor cpu = at::from_blob_quantized_per_tensor_affine(
         bytes.data_ptr(), {bytes.numel() / static_cast<int64_t>(c10::elementSize(dtype))}, [](void*) {},
@@ -789,7 +789,7 @@ namespace {
 /// `index`'s values if the host knows them (host_eval.h checkedHostValue), as a CPU tensor of
 /// its sizes and dtype; a host tensor as itself; undefined otherwise.
 at::Tensor knownIndex(const at::Tensor& index) {
-  LazyTensorImpl* lazy = lazyImpl(index);
+  LazyState* lazy = lazyState(index);
   if (lazy == nullptr) return index;
   if (!lazy->value() || index.numel() * static_cast<int64_t>(index.element_size()) > kHostEvalMaxBytes) return {};
   at::Tensor host = checkedHostValue(*lazy->value(), lazy->recording());

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/List.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/quantized/QTensorImpl.h>
 #include <c10/util/SmallVector.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -114,7 +115,7 @@ class Walk {
     }
     if (!a.isTensor()) return false;
     const at::Tensor& t = a.toTensor();
-    if (LazyTensorImpl* impl = lazyImpl(t)) {
+    if (LazyState* impl = lazyState(t)) {
       Recording* rec = &impl->recording();
       if (recording != nullptr && recording != rec) deviceError(recording->device(), rec->device());
       recording = rec;
@@ -178,7 +179,7 @@ Recording* factoryRecording(const c10::IValue* first, size_t n) {
 bool recordsHere(Route route, const c10::IValue* first, size_t n) {
   switch (route) {
     case Route::kToCopy: {  // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
-      LazyTensorImpl* src = first[0].isTensor() ? lazyImpl(first[0].toTensor()) : nullptr;
+      LazyState* src = first[0].isTensor() ? lazyState(first[0].toTensor()) : nullptr;
       if (src == nullptr) return false;
       if (n > 4 && first[4].isBool() && first[4].toBool()) return false;  // pin_memory=True: PyTorch's error
       if (n > 3 && first[3].isDevice()) {
@@ -188,8 +189,8 @@ bool recordsHere(Route route, const c10::IValue* first, size_t n) {
       return true;
     }
     case Route::kCopy: {  // copy_(self, src, non_blocking)
-      LazyTensorImpl* dst = first[0].isTensor() ? lazyImpl(first[0].toTensor()) : nullptr;
-      LazyTensorImpl* src = first[1].isTensor() ? lazyImpl(first[1].toTensor()) : nullptr;
+      LazyState* dst = first[0].isTensor() ? lazyState(first[0].toTensor()) : nullptr;
+      LazyState* src = first[1].isTensor() ? lazyState(first[1].toTensor()) : nullptr;
       return dst != nullptr && src != nullptr && &dst->recording() == &src->recording();
     }
     case Route::kIndex: {
@@ -263,9 +264,10 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     const c10::IValue& a = first[w];
     auto note = [&](const c10::IValue& x) {
       if (!x.isTensor()) return;
-      if (LazyTensorImpl* impl = lazyImpl(x.toTensor())) {
-        writes.push_back(impl->value()->storage);
-        if (impl->has_storage()) materializeIfCow(impl->storage());  // a lazy clone written: its own range
+      const at::Tensor& t = x.toTensor();
+      if (LazyState* state = lazyState(t)) {
+        writes.push_back(state->value()->storage);
+        if (t.has_storage()) materializeIfCow(t.storage());  // a lazy clone written: its own range
       }
     };
     if (a.isList()) {
@@ -294,7 +296,7 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
       }
       if (source != nullptr && !isLazy(*source)) source = nullptr;
     }
-    StoragePtr storage = source != nullptr ? lazyImpl(*source)->value()->storage : c10::make_intrusive<Storage>();
+    StoragePtr storage = source != nullptr ? lazyState(*source)->value()->storage : c10::make_intrusive<Storage>();
     specs.push_back({std::move(storage), descs[i].defined ? descs[i].dtype : at::kFloat});
     sources.push_back(source);
     kinds.push_back(rf.kind);
@@ -313,10 +315,11 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
     if (!desc.defined) {
       outputs.emplace_back();
     } else if (kinds[i] == ReturnFacts::kWrite && sources[i] != nullptr) {
-      LazyTensorImpl* impl = lazyImpl(*sources[i]);
-      impl->rebind(node->outputs[i]);
-      if (!(Desc::of(*sources[i]) == desc)) impl->setGeometry(desc);  // a resizing out= op (arange.out into empty(0))
-      if (desc.quantizer) impl->set_quantizer_(desc.quantizer);      // copy_ of a quantized tensor gives its quantizer
+      lazyState(*sources[i])->rebind(node->outputs[i]);
+      if (!(Desc::of(*sources[i]) == desc)) setGeometry(*sources[i], desc);  // a resizing out= op (arange.out into empty(0))
+      if (desc.quantizer) {  // copy_ of a quantized tensor gives its quantizer
+        if (auto* q = dynamic_cast<at::QTensorImpl*>(sources[i]->unsafeGetTensorImpl())) q->set_quantizer_(desc.quantizer);
+      }
       outputs.push_back(*sources[i]);
     } else {
       const at::Tensor* base = kinds[i] == ReturnFacts::kView ? sources[i] : nullptr;
@@ -396,7 +399,7 @@ std::optional<std::vector<c10::IValue>> uploadInline(const c10::IValue* first, s
 std::optional<std::vector<c10::IValue>> sameValue(const c10::IValue* first, Recorded& recorded) {
   if (!first[0].isTensor()) return std::nullopt;
   const at::Tensor& src = first[0].toTensor();
-  LazyTensorImpl* impl = lazyImpl(src);
+  LazyState* impl = lazyState(src);
   if (impl == nullptr || !impl->value() || impl->value()->lost()) return std::nullopt;
   at::Tensor out = makeLazy(impl->value(), Desc::of(src), impl->recordingPtr(), &src);
   recorded.fresh.push_back(out);
@@ -507,7 +510,7 @@ namespace {
 /// holds no value or a lost one.
 bool knownArgument(const c10::IValue& a, Recording*& rec, c10::IValue& out) {
   auto one = [&rec](const c10::IValue& x, c10::IValue& converted) {
-    LazyTensorImpl* impl = x.isTensor() ? lazyImpl(x.toTensor()) : nullptr;
+    LazyState* impl = x.isTensor() ? lazyState(x.toTensor()) : nullptr;
     if (impl == nullptr || (rec != nullptr && rec != &impl->recording())) return false;
     rec = &impl->recording();
     const ValuePtr& value = impl->value();

@@ -3,7 +3,8 @@
 // Capture appends each recorded Node (append: the graph's only way in, in program order). The
 // runtime layer (genie.runtime, Python) decides when the pending graph runs and talks to the
 // node; the mechanics are here, in C++, under the process lock:
-//  - tensors: LazyTensorImpl counts itself on its value; its death is queued (noteDead, any
+//  - tensors: a device tensor's LazyState (lazy_tensor.h) and a storage's held value
+//    (device_storage.h) count themselves on their value; their deaths are queued (noteDead, any
 //    thread, no lock but the queue's) and counted down at the next request (drainDead); a
 //    resident value no tensor holds any more is released, and its handle freed with the next
 //    request that does not read it (takeFrees);
@@ -79,9 +80,10 @@ class Recording final : public c10::intrusive_ptr_target {
 
   // ---- tensors ----
 
-  /// `value`'s tensor died (LazyTensorImpl's destructor): queued. Any thread; no lock needed.
+  /// `value`'s tensor or storage died (LazyState's destructor, device_storage.h): queued. Any
+  /// thread; no lock needed.
   void noteDead(ValuePtr value);
-  /// LazyTensors of this device alive now (their TensorImpls; any thread).
+  /// Device tensors of this device alive now (their LazyStates; any thread).
   std::atomic<int64_t> live_tensors{0};
   /// Counts the queued deaths down (under the process lock).
   void drainDead();

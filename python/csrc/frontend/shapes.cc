@@ -28,7 +28,7 @@ namespace genie::frontend {
 // ---- Desc ---------------------------------------------------------------------------------
 
 at::QuantizerPtr quantizerOf(const at::Tensor& t) {
-  // A quantized tensor's TensorImpl is a QTensorImpl (LazyTensorImpl derives from it); a view of
+  // A quantized tensor's TensorImpl is a QTensorImpl (a device tensor's too, lazy_tensor.h); a view of
   // one as another dtype (`q.view(torch.uint8)`) keeps the quantized key set on a plain TensorImpl.
   if (!t.defined() || !c10::isQIntType(t.scalar_type())) return {};
   auto* impl = dynamic_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl());
@@ -481,14 +481,15 @@ bool KeyBuilder::addValue(const c10::IValue& v) {
   } else if (v.isDevice()) {
     add(kDevice, static_cast<int64_t>(v.toDevice().type()));
     words_.push_back(v.toDevice().index());
-  } else if (v.isList()) {  // SymInt[] and other generic lists of numbers
+  } else if (v.isList()) {  // SymInt[], and Scalar[] (numbers of any kind: `_foreach_mul.ScalarList`)
     const auto list = v.toListRef();
-    add(kIntList, static_cast<int64_t>(list.size()));
+    const bool ints = std::all_of(list.begin(), list.end(), [](const c10::IValue& x) { return x.isInt() || x.isSymInt(); });
+    add(ints ? kIntList : kScalarList, static_cast<int64_t>(list.size()));
     for (const c10::IValue& x : list) {
-      if (x.isInt()) {
-        words_.push_back(x.toInt());
-      } else if (x.isSymInt()) {
-        words_.push_back(x.toSymInt().expect_int());
+      if (ints) {
+        words_.push_back(x.isInt() ? x.toInt() : x.toSymInt().expect_int());
+      } else if (x.isInt() || x.isDouble() || x.isBool() || x.isComplexDouble()) {
+        if (!addValue(x)) return false;  // tagged: 2 and 2.0 promote differently
       } else {
         return false;
       }

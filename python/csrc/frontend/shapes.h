@@ -110,7 +110,7 @@ class KeyBuilder {
  public:
   enum Tag : int64_t {
     kNone = 1, kInt, kDouble, kBool, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kLazy, kQuantizer,
-    kConstant, kWrapped, kHost, kTensorList, kOptionalTensorList, kOther
+    kConstant, kWrapped, kHost, kTensorList, kOptionalTensorList, kOther, kScalarList
   };
   explicit KeyBuilder(const c10::OperatorHandle& op);
   void add(int64_t word) { words_.push_back(word); }

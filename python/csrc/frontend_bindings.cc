@@ -498,7 +498,20 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
         at::Tensor t = frontend::hostValue(*v);
         if (!t.defined()) return py::none();
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
-      }, "The value's exact contents computed on the host (genie.host_eval), or None.");
+      }, "The value's exact contents computed on the host (genie.host_eval), or None.")
+      .def("host_leaves", [](Recording& r, const ValuePtr& v) { return frontend::hostLeaves(*v); },
+           "host_leaves(value) -> list[Value]: the small resident values without host copies that host_value(value) "
+           "lacks when the host could compute it with them (frontend/host_eval.h hostLeaves); [] otherwise.")
+      .def("host_outputs", [](Recording& r, const NodePtr& node) -> py::object {
+        auto outs = frontend::hostOutputs(*node);
+        if (!outs) return py::none();
+        py::list out;
+        for (const at::Tensor& t : *outs) out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+        return out;
+      }, "host_outputs(node) -> list[Tensor] | None: the pending node's outputs computed on the host (an op whose "
+         "outputs its values decide, such as masked_select), or None.")
+      .def("host_leaves_of", [](Recording& r, const NodePtr& node) { return frontend::hostLeavesOf(*node); },
+           "host_leaves_of(node) -> list[Value]: host_leaves for host_outputs(node).");
 
   m.def("next_seq", &frontend::nextSeq, "next_seq() -> int: the seq (program order) the next recorded op gets.");
   m.def("lazy_value", [](py::handle t) -> py::object {

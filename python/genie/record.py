@@ -185,7 +185,10 @@ def _runtime_of(args: tuple, kwargs: dict):
 
 def _record_with_remote_shapes(func, info, args: tuple, kwargs: dict):
     """Records an op whose output shapes only the node can know, and runs it now: its outputs
-    stay resident, their descriptors come back."""
+    stay resident, their descriptors come back. When the host can compute its outputs exactly
+    (genie.host_eval; `masked_select` of what PyTorch's formatting prints) and they are the
+    node's to the strides (the node runs the CPU's kernels, or `masked_select`, 1-D on every
+    device), they give its outputs' descriptors and host copies, and the op stays pending."""
     if info.list_return:
         raise NotImplementedError(f"{op_name(func)}: returns a tensor list and has no meta kernel; "
                                   "remote_accelerator cannot infer how many tensors it returns")
@@ -203,11 +206,17 @@ def _record_with_remote_shapes(func, info, args: tuple, kwargs: dict):
         writes.append(runtime.recording.rng)
     node = runtime.recording.append_node(func, args, kwargs, [torch.float32] * len(info.returns), writes,
                                          [s if s is not None else _C.Storage() for s in storages])
-    described = runtime.describe(list(node.outputs))
+    host = runtime.host_outputs(node) if func is _MASKED_SELECT or runtime.recording.cpu_kernels else None
+    if host is not None and len(host) == len(node.outputs):
+        described = [(t.dtype, tuple(t.shape), t.stride(), t.storage_offset()) for t in host]
+        for value, t in zip(node.outputs, host):
+            value.shape, value.host = tuple(t.shape), t
+    else:
+        described = runtime.describe(list(node.outputs))
     wrapped = []
     for value, (kind, _), source, (dtype, shape, strides, offset) in zip(node.outputs, info.returns, sources,
                                                                         described):
-        value.dtype = dtype
+        value.dtype, value.shape = dtype, tuple(shape)
         if kind == "write" and _C.is_lazy(source):
             _C.rebind(source, value)
             if (tuple(shape), tuple(strides), offset) != (tuple(source.shape), source.stride(), source.storage_offset()):
@@ -217,6 +226,11 @@ def _record_with_remote_shapes(func, info, args: tuple, kwargs: dict):
             base = source if kind == "view" and _C.is_lazy(source) else None
             wrapped.append(_C.make_lazy(value, runtime.recording, list(shape), list(strides), offset, base))
     return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+
+# A data-dependent op whose output is a contiguous 1-D tensor on every device: a host answer has
+# the node's geometry whatever the node's kernels.
+_MASKED_SELECT = torch.ops.aten.masked_select.default
 
 
 def _as_list(a) -> list:

@@ -241,11 +241,13 @@ class Runtime(Connection, Uploads, RngOps):
     def fetch(self, tensor) -> torch.Tensor:
         """The tensor's values on the host (runs what it depends on, in one request). A value the
         host can compute exactly (genie.host_eval) is answered without a request, unless
-        asynchronous runs are in flight (their failures are reported at reads)."""
+        asynchronous runs are in flight (their failures are reported at reads); so is one it
+        can compute from small resident values, which are then read whole in one request and
+        kept as their host copies (`host_answer`)."""
         if progress.large_read(tensor):
             return self._read_in_slices(tensor)
         value = self.value_of(tensor)
-        host = self.recording.host_value(value) if not self.in_flight and self._deferred is None else None
+        host = self.host_answer(value)
         if host is not None:
             out = host.clone()  # the program may change what it read; the host copy stays
         elif value.node is None and not self.recording.pending_writes(value.storage):
@@ -261,6 +263,41 @@ class Runtime(Connection, Uploads, RngOps):
             if out.numel() == tensor.numel():
                 out = out.reshape(tensor.shape)
         return out
+
+    def host_answer(self, value: Value) -> "torch.Tensor | None":
+        """`value`'s exact contents computed on the host (genie.host_eval), or None. When the
+        host could compute them from small resident values it has no copies of (a tensor being
+        printed: PyTorch's formatting reads each element through exact ops), those are read
+        whole in one request first and kept as their host copies, so the reads that follow
+        need none. None while asynchronous runs are in flight (their failures surface at reads)."""
+        if self.in_flight or self._deferred is not None:
+            return None
+        host = self.recording.host_value(value)
+        if host is None:
+            leaves = self.recording.host_leaves(value)
+            if leaves:
+                self._keep_host_copies(leaves)
+                host = self.recording.host_value(value)
+        return host
+
+    def host_outputs(self, node) -> "list[torch.Tensor] | None":
+        """The pending node's outputs computed on the host (an op whose outputs its values decide,
+        such as masked_select), reading small resident inputs whole first as `host_answer`
+        does; None when the host cannot."""
+        if self.in_flight or self._deferred is not None:
+            return None
+        outs = self.recording.host_outputs(node)
+        if outs is None:
+            leaves = self.recording.host_leaves_of(node)
+            if leaves:
+                self._keep_host_copies(leaves)
+                outs = self.recording.host_outputs(node)
+        return outs
+
+    def _keep_host_copies(self, values: list[Value]) -> None:
+        """Reads resident `values` whole (one GetTensors) and keeps them as their host copies."""
+        for value, tensor in zip(values, self._call("get", [v.handle for v in values])):
+            value.host = tensor.reshape(value.shape)
 
     def host_copy(self, tensor) -> "torch.Tensor | None":
         """The tensor's exact values if the host knows them without a request (genie.host_eval:

@@ -103,8 +103,13 @@ struct Client::Impl {
     bytes_received += message.header().size() + message.payloadSize();
     auto verified = wire::verifyMessage(message.header(), message.payloadSize());
     if (!verified) {
+      // Which request it answers cannot be trusted: every request waiting fails with it (kInvalidMessage
+      // naming the node and the check), rather than waiting for its timeout.
       GENIE_LOG_WARN("genie client: a reply from {} failed verification: {}", peer, verified.status().message());
-      return;
+      return failPending(Status(StatusCode::kInvalidMessage,
+                                fmt::format("genie-node {} sent a reply that failed verification: {}", peer,
+                                            verified.status().message()),
+                                __FILE__, __LINE__));
     }
     const wire::Message* msg = verified.value();
     if (msg->body_type() == wire::Body::Ack) noteResident(msg->body_as_Ack()->session_resident());

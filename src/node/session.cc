@@ -444,6 +444,15 @@ void Session::sendTensors(uint64_t id, bool run_result, const std::vector<std::p
   slots.reserve(out.size());
   contiguous.reserve(out.size());
   wire::PayloadLayout layout;
+  for (size_t i = 0; i < out.size(); ++i) {  // the wire has no bytes for a quantized tensor (codec.h)
+    if (out[i].second.defined() && out[i].second.is_quantized()) {
+      return node.replyError(*endpoint_, id, wire::requestError(
+          ErrorCode::SchemaMismatch,
+          fmt::format("tensor {} is quantized ({}): a quantized tensor travels as its integer representation "
+                      "(int_repr) with its scale and zero point", wire::toString(out[i].first),
+                      c10::toString(out[i].second.scalar_type()))));
+    }
+  }
   for (const auto& [handle, tensor] : out) {
     at::Tensor t = tensor.defined() ? travelling(tensor) : tensor;
     wire::TensorSlotArgs slot;

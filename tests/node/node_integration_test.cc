@@ -269,6 +269,39 @@ TEST(NodeIntegration, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
   EXPECT_TRUE(at::equal(tensorOf((*good)[0]), at::relu(at::mm(x, w) + b)));
 }
 
+TEST(NodeIntegration, AQuantizedTensorIsNotReadAsBytesAndTheNodeKeepsServing) {
+  // The wire has no bytes for a quantized tensor (it travels as int_repr with its quantizer):
+  // reading one resident by handle gets a clear error, not a reply the client must refuse.
+  NodeProcess node;
+  auto client = connectOrFail(node.port());
+  ASSERT_NE(client, nullptr);
+  at::Tensor x = at::randn({4});
+  GraphBuilder g;
+  uint32_t gx = g.input(DType::Float32, {4});
+  uint32_t q = g.op("aten::quantize_per_tensor", "", {T(gx), D(0.1), I(3), Dtype(DType::QUInt8)});
+  auto bytes = g.finish();
+  auto id = client->registerGraph(wire::bytesOf(bytes));
+  ASSERT_TRUE(id.isOk()) << id.status().toString();
+  wire::RunGraphArgs run;
+  run.graph_id = *id;
+  wire::TensorSlotArgs inline_x;
+  inline_x.desc = descOf(x);
+  run.inputs = {{gx, {}, inline_x}};
+  const wire::Handle hq = Client::newHandle();
+  run.outputs = {{q, wire::OutputAction::KeepResident, hq, {}}};
+  ASSERT_TRUE(client->runGraph(run, bytesOf(x)).isOk());
+  auto read = client->getTensor(hq);
+  ASSERT_FALSE(read.isOk());
+  EXPECT_EQ(codeOf(remoteOf(read)), wire::ErrorCode::SchemaMismatch);
+  EXPECT_NE(remoteOf(read).message.find("int_repr"), std::string::npos) << remoteOf(read).message;
+  at::Tensor w = at::randn({3});
+  wire::Handle hw = Client::newHandle();
+  ASSERT_TRUE(client->putTensor(hw, descOf(w), wire::Residency::PersistentWeight, bytesOf(w)).isOk());
+  auto back = client->getTensor(hw);
+  ASSERT_TRUE(back.isOk()) << back.status().toString();
+  EXPECT_TRUE(at::equal(tensorOf(*back), w));
+}
+
 TEST(NodeIntegration, AsynchronousRunsKeepTheirOutputsAndReportFailuresLater) {
   NodeProcess node;
   auto client = connectOrFail(node.port());

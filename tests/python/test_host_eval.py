@@ -81,3 +81,19 @@ def test_large_and_random_values_go_to_the_node():
     total = drawn.sum().item()
     assert genie.client_stats()["round_trips"] == before + 1  # a random op: only the node knows
     assert total == sum(drawn.tolist())
+
+
+def test_printing_a_tensor_reads_it_whole_once():
+    # PyTorch's formatting (torch._tensor_str) runs on the device as on CUDA, reading values
+    # element by element through exact ops (masked_select, abs, ceil, comparisons, views): the
+    # tensor is read whole once and kept on the host, so those reads need no request each.
+    cpu = torch.randn(10, 10, generator=torch.Generator().manual_seed(0)) * 3
+    x = cpu.to(DEV) * 2  # computed on the node
+    genie.synchronize()
+    before = round_trips()
+    text = repr(x)
+    requests = genie.client_stats()["round_trips"] - before
+    expected = repr(cpu * 2)
+    assert text.replace("\n       device=", " device=") == expected[:-1] + ", device='remote_accelerator:0')"
+    assert requests <= 4, requests  # element by element it would be ~200
+    assert str(x[3]) == str((cpu * 2)[3]).replace(")", ", device='remote_accelerator:0')")

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "frontend/op_facts.h"
 #include "frontend/recording.h"
@@ -27,6 +28,60 @@ constexpr std::string_view kDenied[] = {
     "conv", "_conv", "baddbmm", "addbmm", "dot", "vdot", "mv"};
 
 bool exactDtype(at::ScalarType t) { return !at::isFloatingType(t) && !at::isComplexType(t); }
+
+// Ops whose results on floating-point and complex tensors are the same bits on every device
+// (aten names without the namespace, whole): they move, select or compare values, or take their
+// sign or integer part, and compute nothing that rounds (host_eval.h).
+constexpr std::string_view kFloatExact[] = {
+    // data movement
+    "alias", "detach", "lift_fresh", "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "expand",
+    "expand_as", "squeeze", "unsqueeze", "t", "transpose", "permute", "select", "slice", "narrow", "unbind", "split",
+    "split_with_sizes", "chunk", "flatten", "unflatten", "movedim", "diagonal", "clone", "contiguous", "cat", "stack",
+    "index_select", "gather", "take", "index", "masked_select", "nonzero", "flip", "roll", "repeat", "unfold",
+    "zeros_like", "ones_like", "full_like", "where", "masked_fill",
+    // comparisons and tests
+    "eq", "ne", "lt", "le", "gt", "ge", "isfinite", "isnan", "isinf", "isposinf", "isneginf", "signbit",
+    "logical_not", "logical_and", "logical_or", "logical_xor", "any", "all", "count_nonzero",
+    // sign and integer part
+    "abs", "neg", "sign", "ceil", "floor", "trunc"};
+
+bool floatExact(const Node& node) {
+  std::string_view name = node.op.schema().name();
+  if (name.substr(0, 6) != "aten::") return false;
+  name.remove_prefix(6);
+  if (name == "round") return node.op.schema().overload_name().empty();  // round.decimals scales: rounds
+  if (name == "_to_copy") {  // a conversion to a floating type rounds to nearest, as every device does
+    const at::ScalarType out = node.outputs.empty() ? at::kFloat : node.outputs[0]->dtype;
+    return at::isFloatingType(out) || at::isComplexType(out) || out == at::kBool;
+  }
+  for (std::string_view exact : kFloatExact) {
+    if (name == exact) return true;
+  }
+  return false;
+}
+
+/// Whether `node` reads or makes a floating-point or complex tensor.
+bool touchesFloats(const Node& node) {
+  auto floating = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
+  for (const ValuePtr& v : node.outputs) {
+    if (floating(v->dtype)) return true;
+  }
+  for (const Value* v : node.inputs()) {
+    if (floating(v->dtype)) return true;
+  }
+  for (const c10::IValue& a : node.args) {
+    if (a.isTensor() && a.toTensor().defined() && floating(a.toTensor().scalar_type())) return true;
+  }
+  return false;
+}
+
+/// A value's bytes by its sizes (at most kHostEvalMaxBytes to be read whole for a host copy).
+bool smallBySizes(const Value& v) {
+  if (!v.sized) return false;
+  int64_t n = static_cast<int64_t>(c10::elementSize(v.dtype));
+  for (int64_t s : v.sizes) n *= s;
+  return n <= kHostEvalMaxBytes;
+}
 
 bool small(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()) <= kHostEvalMaxBytes; }
 
@@ -53,10 +108,12 @@ class Replay;
 /// of the graph, not the ops on the way to the first unknown. Failure is a flag, not an
 /// exception (an unwind costs more than the walk). With a Replay, values on the replayed storage
 /// are the replay's, and nothing computed is kept in Value::host (a memo of this evaluation
-/// instead).
+/// instead). A dry run given `missing` notes there the resident values without host copies it
+/// would need (hostLeaves) instead of failing on them.
 class HostEvaluator {
  public:
-  explicit HostEvaluator(bool dry_run, Replay* replay = nullptr) : dry_run_(dry_run), replay_(replay) {}
+  explicit HostEvaluator(bool dry_run, Replay* replay = nullptr, std::vector<ValuePtr>* missing = nullptr)
+      : dry_run_(dry_run), replay_(replay), missing_(missing) {}
 
   bool failed() const { return failed_; }
 
@@ -82,9 +139,11 @@ class HostEvaluator {
   int budget_ = kHostEvalMaxNodes;
   const bool dry_run_;
   Replay* const replay_;
+  std::vector<ValuePtr>* const missing_;
   bool failed_ = false;
   int64_t reader_ = 0;
   std::unordered_map<const Value*, at::Tensor> memo_;  // with a Replay
+  std::unordered_set<const Value*> checked_;           // on a dry run: the values walked
 };
 
 /// The contents of one storage that recorded ops wrote, replayed on the host in program order:
@@ -268,8 +327,18 @@ at::Tensor HostEvaluator::of(Value& value) {
     auto it = memo_.find(&value);
     if (it != memo_.end()) return it->second;
   }
+  if (dry_run_ && !checked_.insert(&value).second) return {};  // walked already: once per value
   Node* node = value.producer;
-  if (node == nullptr) return fail();
+  if (node == nullptr) {
+    if (missing_ == nullptr || !value.handle || value.lost() || c10::isQIntType(value.dtype) || !smallBySizes(value)) {
+      return fail();  // a quantized value travels as its integer representation: not read whole
+    }
+    for (const ValuePtr& m : *missing_) {
+      if (m.get() == &value) return {};
+    }
+    missing_->push_back(ValuePtr::reclaim_copy(&value));  // resident: read whole, it would do
+    return {};
+  }
   std::vector<at::Tensor> outs = run(*node);
   if (failed_ || dry_run_) return {};
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -299,11 +368,9 @@ std::vector<at::Tensor> HostEvaluator::run(Node& node, bool writes_ok) {
     fail();
     return {};
   }
-  for (const ValuePtr& v : node.outputs) {
-    if (!exactDtype(v->dtype)) {
-      fail();
-      return {};
-    }
+  if (touchesFloats(node) && !floatExact(node)) {  // a write too: none of kFloatExact writes
+    fail();
+    return {};
   }
   --budget_;
   const int64_t outer = reader_;
@@ -346,13 +413,12 @@ std::vector<at::Tensor> HostEvaluator::run(Node& node, bool writes_ok) {
 }
 
 c10::IValue HostEvaluator::arg(const c10::IValue& a) {
-  if (a.isCapsule()) {
-    Value* v = valueOf(a);
-    if (!exactDtype(v->dtype)) return fail();
-    return of(*v);
-  }
+  if (a.isCapsule()) return of(*valueOf(a));
   if (a.isTensor()) {
-    if (a.toTensor().defined() && !exactDtype(a.toTensor().scalar_type())) return fail();
+    // A host tensor argument (an inline upload's snapshot, a constant): integers only, as upload
+    // host copies are (keepsHostCopy). Floats on the host come from what the node returned.
+    const at::Tensor& t = a.toTensor();
+    if (t.defined() && !exactDtype(t.scalar_type())) return fail();
     return a;
   }
   if (a.isDevice() && a.toDevice().type() != c10::kCPU) return c10::Device(c10::kCPU);
@@ -378,7 +444,7 @@ c10::IValue HostEvaluator::arg(const c10::IValue& a) {
 }  // namespace
 
 at::Tensor hostValue(Value& value) {
-  if (!g_enabled.load(std::memory_order_relaxed) || !exactDtype(value.dtype)) return {};
+  if (!g_enabled.load(std::memory_order_relaxed)) return {};
   c10::AutoGradMode no_grad(false);
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
@@ -388,6 +454,41 @@ at::Tensor hostValue(Value& value) {
   HostEvaluator evaluate(/*dry_run=*/false);
   at::Tensor out = evaluate.of(value);
   return evaluate.failed() ? at::Tensor() : out;
+}
+
+std::vector<ValuePtr> hostLeaves(Value& value) {
+  std::vector<ValuePtr> missing;
+  if (!g_enabled.load(std::memory_order_relaxed) || value.host.defined()) return missing;
+  HostEvaluator check(/*dry_run=*/true, nullptr, &missing);
+  check.of(value);
+  if (check.failed()) missing.clear();
+  return missing;
+}
+
+std::optional<std::vector<at::Tensor>> hostOutputs(Node& node) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return std::nullopt;
+  c10::AutoGradMode no_grad(false);
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  HostEvaluator check(/*dry_run=*/true);
+  check.run(node);
+  if (check.failed()) return std::nullopt;
+  HostEvaluator evaluate(/*dry_run=*/false);
+  std::vector<at::Tensor> outs = evaluate.run(node);
+  if (evaluate.failed()) return std::nullopt;
+  for (const at::Tensor& t : outs) {
+    if (!t.defined() || !small(t)) return std::nullopt;
+  }
+  return outs;
+}
+
+std::vector<ValuePtr> hostLeavesOf(Node& node) {
+  std::vector<ValuePtr> missing;
+  if (!g_enabled.load(std::memory_order_relaxed)) return missing;
+  HostEvaluator check(/*dry_run=*/true, nullptr, &missing);
+  check.run(node);
+  if (check.failed()) missing.clear();
+  return missing;
 }
 
 at::Tensor checkedHostValue(Value& value, const Recording& recording) {

@@ -5,8 +5,9 @@
 frontend A (this checkout) and once with frontend B (another checkout, e.g. an older commit
 built beside this one), in alternating order, each in a fresh process with its own embedded
 node; a round gives each model's device time (median over the process's measured runs: MiniLM
-and ResNet-50 per run, GPT-2 per decode step) and the device/local ratio measured in the same
-process.
+and ResNet-50 per run, GPT-2 per decode step), the device/local ratio measured in the same
+process, and the device time less the node's execution time (what Genie's client and the
+transport add; the node's compute drifts most on a shared VM).
 
 `--bench capture`: each round runs `perf/bench_capture.py` once per frontend, in the same
 alternation: the median over a GPT-2 decode step's ops of the µs to record one call (against
@@ -48,13 +49,17 @@ def run_capture(python: list[str], root: pathlib.Path, repeat: int, env: dict) -
                        timeout=1800)
         data = json.load(open(out.name))
     step = data["step"]
-    return {"capture per op": (data["median_capture_us"] * 1e-6, data["median_ratio"]),
-            "client time per step": (step["client_ms_per_step"] * 1e-3, step["client_ms_per_step"] / step["step_ms_median"])}
+    return {"capture per op": (data["median_capture_us"] * 1e-6, data["median_ratio"], None),
+            "client time per step": (step["client_ms_per_step"] * 1e-3, step["client_ms_per_step"] / step["step_ms_median"],
+                                     None)}
 
 
 def run_bench(python: list[str], root: pathlib.Path, models: str, repeat: int, env: dict) -> dict:
-    """One bench_models.py process: {model: (device seconds, device/local ratio)}, medians of its
-    `repeat` measured runs (GPT-2: of its decode steps)."""
+    """One bench_models.py process: {model: (device seconds, device/local ratio, seconds of it not
+    spent executing on the node)}, medians of its `repeat` measured runs (GPT-2: of its decode
+    steps). The third is the device time less the node's execution time (RunResult.exec_us, the
+    median counters): Genie's client and the transport, apart from the node's compute, whose
+    time on this VM drifts most."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([*python, str(root / "perf/bench_models.py"), "--models", models, "--repeat", str(repeat),
                         "--json", out.name, "--no-history"], check=True, env=env, capture_output=True, text=True,
@@ -63,7 +68,10 @@ def run_bench(python: list[str], root: pathlib.Path, models: str, repeat: int, e
     results = {}
     for entry in data["models"]:
         part = entry.get("step", entry)
-        results[entry["model"]] = (statistics.median(part["device_s"]), statistics.median(part["ratio"]))
+        device = statistics.median(part["device_s"])
+        node_us = (part.get("device_counters") or {}).get("node_exec_us")
+        results[entry["model"]] = (device, statistics.median(part["ratio"]),
+                                   None if node_us is None else device - node_us * 1e-6)
     return results
 
 
@@ -109,11 +117,17 @@ def main() -> int:
             "a_device_over_local": statistics.median(r["A"][model][1] for r in rounds),
             "b_device_over_local": statistics.median(r["B"][model][1] for r in rounds),
         }
+        if rounds[0]["A"][model][2] is not None:  # the device time less the node's execution
+            a_off, b_off = [r["A"][model][2] for r in rounds], [r["B"][model][2] for r in rounds]
+            report["models"][model].update(a_off_node_ms=statistics.median(a_off) * 1e3,
+                                           b_off_node_ms=statistics.median(b_off) * 1e3)
         m = report["models"][model]
         versus = "captured/eager or of the step" if args.bench == "capture" else "device/local"
         print(f"{model}: A ({commit}) {m['a_ms']:.4g} ms, B ({args.b_name}) {m['b_ms']:.4g} ms, A/B {m['a_over_b']:.3f} "
               f"({m['a_over_b_range'][0]:.3f}-{m['a_over_b_range'][1]:.3f}); {versus} A {m['a_device_over_local']:.2f}x, "
-              f"B {m['b_device_over_local']:.2f}x")
+              f"B {m['b_device_over_local']:.2f}x"
+              + (f"; off the node A {m['a_off_node_ms']:.2f} ms, B {m['b_off_node_ms']:.2f} ms" if "a_off_node_ms" in m
+                 else ""))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -613,6 +613,7 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
     const at::Tensor& src = deviceTensorOf(source, "lazy_clone_storage");
     c10::intrusive_ptr<c10::StorageImpl> cow = c10::impl::cow::lazy_clone_storage(*src.storage().unsafeGetStorageImpl());
     TORCH_CHECK(cow, "_lazy_clone: the storage of this remote_accelerator tensor cannot be made copy-on-write");
+    frontend::noteDeviceStorageCopy(const_cast<void*>(src.storage().data_ptr().get()));  // whichever storage ends with it
     tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(std::move(cow)));
   }, "lazy_clone_storage(tensor, source): `tensor` (the node's clone of `source`) takes a copy-on-write clone of "
      "`source`'s storage, as c10 lazy-clones one: same data address, each a COW storage until written.");

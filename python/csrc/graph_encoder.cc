@@ -289,28 +289,8 @@ class Decoder {
         return borrowed(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v)));
       }
       case Value::DeviceValue: return device(*arg.value_as_DeviceValue(), place);
-      case Value::IntListValue: {
-        const auto* list = arg.value_as_IntListValue();
-        const auto* slots = list->scalar_slots();
-        py::list out;
-        for (uint32_t i = 0; list->v() && i < list->v()->size(); ++i) {
-          const bool is_slot = slots && slots->size() > i && slots->Get(i) >= 0;
-          out.append(is_slot ? py::cast(ScalarSlot{static_cast<uint32_t>(slots->Get(i))})
-                             : py::object(py::int_(list->v()->Get(i))));
-        }
-        return out;
-      }
-      case Value::DoubleListValue: {
-        const auto* list = arg.value_as_DoubleListValue();
-        const auto* slots = list->scalar_slots();
-        py::list out;
-        for (uint32_t i = 0; list->v() && i < list->v()->size(); ++i) {
-          const bool is_slot = slots && slots->size() > i && slots->Get(i) >= 0;
-          out.append(is_slot ? py::cast(ScalarSlot{static_cast<uint32_t>(slots->Get(i))})
-                             : py::object(py::float_(list->v()->Get(i))));
-        }
-        return out;
-      }
+      case Value::IntListValue: return liftableList<py::int_>(*arg.value_as_IntListValue());
+      case Value::DoubleListValue: return liftableList<py::float_>(*arg.value_as_DoubleListValue());
       case Value::BoolListValue: {
         py::list out;
         const auto* v = arg.value_as_BoolListValue()->v();
@@ -350,10 +330,15 @@ class Decoder {
     return py::reinterpret_borrow<py::object>(o);
   }
 
-  template <typename PyT, typename Vector>
-  static py::list listOf(const Vector* v) {
+  /// An int or float list: its elements, ScalarSlot(s) where scalar_slots[i] >= 0.
+  template <typename PyT, typename List>
+  static py::list liftableList(const List& list) {
+    const auto* slots = list.scalar_slots();
     py::list out;
-    for (uint32_t i = 0; v && i < v->size(); ++i) out.append(PyT(v->Get(i)));
+    for (uint32_t i = 0; list.v() && i < list.v()->size(); ++i) {
+      const bool is_slot = slots && slots->size() > i && slots->Get(i) >= 0;
+      out.append(is_slot ? py::cast(ScalarSlot{static_cast<uint32_t>(slots->Get(i))}) : py::object(PyT(list.v()->Get(i))));
+    }
     return out;
   }
 

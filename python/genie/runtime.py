@@ -270,34 +270,28 @@ class Runtime(Connection, Uploads, RngOps):
         printed: PyTorch's formatting reads each element through exact ops), those are read
         whole in one request first and kept as their host copies, so the reads that follow
         need none. None while asynchronous runs are in flight (their failures surface at reads)."""
-        if self.in_flight or self._deferred is not None:
-            return None
-        host = self.recording.host_value(value)
-        if host is None:
-            leaves = self.recording.host_leaves(value)
-            if leaves:
-                self._keep_host_copies(leaves)
-                host = self.recording.host_value(value)
-        return host
+        return self._on_host(self.recording.host_value, self.recording.host_leaves, value)
 
     def host_outputs(self, node) -> "list[torch.Tensor] | None":
         """The pending node's outputs computed on the host (an op whose outputs its values decide,
         such as masked_select), reading small resident inputs whole first as `host_answer`
         does; None when the host cannot."""
+        return self._on_host(self.recording.host_outputs, self.recording.host_leaves_of, node)
+
+    def _on_host(self, compute, leaves_of, what):
+        """compute(what) on the host; when it fails for want of small resident values
+        (leaves_of(what)), those are read whole (one GetTensors), kept as their host copies, and
+        it is tried again. None while asynchronous runs are in flight."""
         if self.in_flight or self._deferred is not None:
             return None
-        outs = self.recording.host_outputs(node)
-        if outs is None:
-            leaves = self.recording.host_leaves_of(node)
+        out = compute(what)
+        if out is None:
+            leaves = leaves_of(what)
             if leaves:
-                self._keep_host_copies(leaves)
-                outs = self.recording.host_outputs(node)
-        return outs
-
-    def _keep_host_copies(self, values: list[Value]) -> None:
-        """Reads resident `values` whole (one GetTensors) and keeps them as their host copies."""
-        for value, tensor in zip(values, self._call("get", [v.handle for v in values])):
-            value.host = tensor.reshape(value.shape)
+                for value, tensor in zip(leaves, self._call("get", [v.handle for v in leaves])):
+                    value.host = tensor.reshape(value.shape)
+                out = compute(what)
+        return out
 
     def host_copy(self, tensor) -> "torch.Tensor | None":
         """The tensor's exact values if the host knows them without a request (genie.host_eval:

@@ -137,6 +137,23 @@ def test_lazy_clone_is_copy_on_write():
         torch._test_parallel_materialize(clone, 2, False)
 
 
+def test_the_last_copy_on_write_reference_takes_the_storage_back():
+    # c10 materializes the last reference of a COW storage by taking its original DataPtr back
+    # (COW.cpp checks that the DataPtr's context is its data address): the clone written after
+    # the source has its own range keeps the source's old address, and both read their values.
+    # Which value that address's bytes are is then not known to the storage (COW moved it).
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=DEV)
+    address = torch._C._data_address(t)
+    clone = t._lazy_clone()
+    t.view(4).add_(1)
+    clone.view(4).mul_(10)
+    assert not torch._C._is_cow_tensor(clone) and torch._C._data_address(clone) == address
+    assert clone.cpu().tolist() == [[0.0, 10.0], [20.0, 30.0]] and t.cpu().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    storage = clone.untyped_storage()
+    with pytest.raises(NotImplementedError, match="copy-on-write"):
+        torch.tensor((), device=DEV).set_(storage)
+
+
 def test_autocast_runs_matmuls_in_the_autocast_dtype():
     model = torch.nn.Sequential(_mlp(), torch.nn.Softmax(-1)).to(DEV)
     with torch.autocast("remote_accelerator", dtype=torch.bfloat16):

@@ -445,33 +445,11 @@ class Encoder {
     result = {wire::Value::DeviceValue, wire::CreateDeviceValue(fbb_, name, -1).Union()};
   }
   void intList(c10::ArrayRef<c10::IValue> list) {
-    // The executor takes element i from scalar input scalar_slots[i] when it is >= 0 (v[i] is
-    // then 0 and unused); with no slot, scalar_slots is left empty.
-    std::vector<int64_t> values;
-    std::vector<int32_t> slots;
-    bool any_slot = false;
-    for (const c10::IValue& x : list) {
-      const int32_t slot = nextSlot();
-      any_slot = any_slot || slot >= 0;
-      values.push_back(slot >= 0 ? 0 : intOf(x));
-      slots.push_back(slot);
-    }
-    auto v = fbb_.CreateVector(values);
-    auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
+    auto [v, s] = liftable<int64_t>(list, intOf);
     result = {wire::Value::IntListValue, wire::CreateIntListValue(fbb_, v, s).Union()};
   }
-  void doubleList(c10::ArrayRef<c10::IValue> list) {  // as intList: scalar_slots when any element is lifted
-    std::vector<double> values;
-    std::vector<int32_t> slots;
-    bool any_slot = false;
-    for (const c10::IValue& x : list) {
-      const int32_t slot = nextSlot();
-      any_slot = any_slot || slot >= 0;
-      values.push_back(slot >= 0 ? 0.0 : doubleOf(x));
-      slots.push_back(slot);
-    }
-    auto v = fbb_.CreateVector(values);
-    auto s = any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>();
+  void doubleList(c10::ArrayRef<c10::IValue> list) {
+    auto [v, s] = liftable<double>(list, doubleOf);
     result = {wire::Value::DoubleListValue, wire::CreateDoubleListValue(fbb_, v, s).Union()};
   }
   void boolList(c10::ArrayRef<c10::IValue> list) {
@@ -488,6 +466,24 @@ class Encoder {
       result = {wire::Value::TensorValue, wire::CreateTensorValue(fbb_, static_cast<uint32_t>(id)).Union()};
     }
   }
+  /// A list's elements and scalar slots: the executor takes element i from scalar input
+  /// scalar_slots[i] when it is >= 0 (v[i] is then 0 and unused); with no slot, scalar_slots is
+  /// left empty.
+  template <typename T, typename Of>
+  std::pair<fb::Offset<fb::Vector<T>>, fb::Offset<fb::Vector<int32_t>>> liftable(c10::ArrayRef<c10::IValue> list, Of of) {
+    std::vector<T> values;
+    std::vector<int32_t> slots;
+    bool any_slot = false;
+    for (const c10::IValue& x : list) {
+      const int32_t slot = nextSlot();
+      any_slot = any_slot || slot >= 0;
+      values.push_back(slot >= 0 ? T{0} : static_cast<T>(of(x)));
+      slots.push_back(slot);
+    }
+    auto v = fbb_.CreateVector(values);
+    return {v, any_slot ? fbb_.CreateVector(slots) : fb::Offset<fb::Vector<int32_t>>()};
+  }
+
   int32_t nextSlot() {
     auto found = slot_of_.find(position_++);
     return found == slot_of_.end() ? -1 : found->second;

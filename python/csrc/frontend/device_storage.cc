@@ -21,7 +21,9 @@ void* reserveAddressRange(size_t nbytes) {
   return reinterpret_cast<void*>(g_next_device_address.fetch_add(span, std::memory_order_relaxed));
 }
 
-/// The DataPtr context of a storage that holds its value (device_storage.h).
+/// What a storage holds (device_storage.h), found by its address: its DataPtr's context is its
+/// address, as c10's copy-on-write wants of a "simple" DataPtr (COW.cpp materializes the last
+/// reference as DataPtr(context, data, ...) and checks that the two are one).
 struct HeldStorage {
   uintptr_t address;
   size_t nbytes;
@@ -31,24 +33,31 @@ struct HeldStorage {
   c10::intrusive_ptr<Recording> recording;
 };
 
-/// Held storages by address, for slices and noteDeviceStorageCopy. Guarded by g_held_mutex:
-/// a storage may die on any thread. Addresses only grow, so a new one goes at the end.
+/// Held storages by address: every storage's, and for slices and noteDeviceStorageCopy. Guarded
+/// by g_held_mutex: a storage may die on any thread. Addresses only grow, so a new one goes at
+/// the end.
 std::mutex g_held_mutex;
 std::map<uintptr_t, HeldStorage*> g_held;
 
-void deleteHeldStorage(void* context) {
-  auto* held = static_cast<HeldStorage*>(context);
+void deleteHeldStorage(void* address) {
+  HeldStorage* held = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_held_mutex);
-    g_held.erase(held->address);
+    auto found = g_held.find(reinterpret_cast<uintptr_t>(address));
+    if (found == g_held.end()) return;
+    held = found->second;
+    g_held.erase(found);
   }
   if (held->value) held->recording->noteDead(std::move(held->value));  // counted down at the next request
   delete held;
 }
 
+/// The HeldStorage of one of these DataPtrs, or nullptr. It lives while the storage does.
 HeldStorage* heldOf(const c10::DataPtr& data_ptr) {
   if (data_ptr.get_deleter() != &deleteHeldStorage) return nullptr;
-  return static_cast<HeldStorage*>(data_ptr.get_context());
+  std::lock_guard<std::mutex> lock(g_held_mutex);
+  auto found = g_held.find(reinterpret_cast<uintptr_t>(data_ptr.get_context()));
+  return found == g_held.end() ? nullptr : found->second;
 }
 
 /// A new address range of `nbytes` and its context.
@@ -77,13 +86,13 @@ c10::Storage newDeviceStorage(size_t nbytes, const ValuePtr& value, const Desc& 
   hold(*held, value, desc, recording);
   auto* address = reinterpret_cast<void*>(held->address);
   return c10::Storage(c10::Storage::use_byte_size_t{}, nbytes,
-                      at::DataPtr(address, held, &deleteHeldStorage, recording->device()),
+                      at::DataPtr(address, address, &deleteHeldStorage, recording->device()),
                       c10::GetAllocator(c10::DeviceType::PrivateUse1), /*resizable=*/true);
 }
 
 c10::DataPtr allocateDeviceStorage(size_t nbytes, c10::Device device) {
-  HeldStorage* held = newHeld(nbytes);
-  return c10::DataPtr(reinterpret_cast<void*>(held->address), held, &deleteHeldStorage, device);
+  auto* address = reinterpret_cast<void*>(newHeld(nbytes)->address);
+  return c10::DataPtr(address, address, &deleteHeldStorage, device);
 }
 
 void noteDeviceStorageCopy(void* dest) {
@@ -92,7 +101,9 @@ void noteDeviceStorageCopy(void* dest) {
   if (found != g_held.end()) found->second->copy = true;
 }
 
-bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr) { return heldOf(data_ptr) != nullptr; }
+bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &deleteHeldStorage && data_ptr.get() == data_ptr.get_context();
+}
 
 StorageValue storageValue(const c10::Storage& storage) {
   StorageValue out;

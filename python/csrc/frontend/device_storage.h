@@ -5,8 +5,9 @@
 // storages apart as on CUDA and a stray host read faults at once. Its bytes live on the node.
 //
 // A storage holds the node value of its bytes (its "storage value"), as a CUDA storage owns its
-// memory: its DataPtr's context holds that value, counted as a tensor holding it, until the
-// storage dies. So a tensor set onto it (`aten::set_.source_Storage`: storage reads,
+// memory: the entry of its address in a map (its DataPtr's deleter removes it) holds that value,
+// counted as a tensor holding it, until the storage dies; the DataPtr's context is the address
+// itself, as c10's copy-on-write wants of a "simple" DataPtr. So a tensor set onto it (`aten::set_.source_Storage`: storage reads,
 // `storage.copy_`, `torch.tensor(storage)`, tensors rebuilt by torch.load, copy and deepcopy)
 // views that value, also after every tensor on it died (`t.untyped_storage()` kept alone):
 //  - a storage made for a new tensor (newDeviceStorage) holds that tensor's value, which spans it;
@@ -43,8 +44,10 @@ c10::Storage newDeviceStorage(size_t nbytes, const ValuePtr& value, const Desc& 
 /// first use (bindStorageValue).
 c10::DataPtr allocateDeviceStorage(size_t nbytes, c10::Device device);
 /// The device allocator's copy_data(dest, src, n) (c10's Allocator::clone, which a COW
-/// materialization calls): nothing moves on the host; `dest` is marked a copy, never bound to a
-/// fresh value (its bytes are those of the tensors on it).
+/// materialization calls), and a storage lazily cloned (`_lazy_clone`: `dest` is its address):
+/// nothing moves on the host; the storage at `dest` is marked a copy, never bound to a fresh
+/// value and holding none any more (its bytes are those of the tensors on it, and COW may hand
+/// its address to another storage).
 void noteDeviceStorageCopy(void* dest);
 /// Whether `data_ptr` is simple for COW: one of these storages' own (not a COW wrapper).
 bool isSimpleDeviceDataPtr(const c10::DataPtr& data_ptr);

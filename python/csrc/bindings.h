@@ -17,6 +17,9 @@
 namespace torch {
 class Library;
 }
+namespace genie::client {
+class Client;
+}
 
 namespace genie::python {
 
@@ -33,6 +36,10 @@ void bindFrontend(py::module_& m);
 /// sparse_set_parts, and the SparsePrivateUse1 kernels of PyTorch's device-generic sparse COO
 /// functions (sparse.cc).
 void bindSparse(py::module_& m);
+/// DeviceRuntime and runtime_counters (device_runtime.cc).
+void bindDeviceRuntime(py::module_& m);
+/// The C++ client of a genie._C.Client (module.cc); TypeError for another object.
+std::shared_ptr<client::Client> sharedClientOf(py::handle client);
 /// The QuantizedPrivateUse1 kernels that read a quantized LazyTensor's quantizer (q_scale,
 /// q_zero_point, qscheme, quantizer, set_quantizer_: quantized.cc), registered with the
 /// recorder's kernels (register_recorder_kernels).

@@ -26,6 +26,7 @@
 #include <pybind11/pybind11.h>
 // pybind11 first: it includes Python.h, which torch's Python headers expect.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_to_copy.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "device_runtime.h"
 #include "frontend/lazy_tensor.h"
 #include "frontend/lock.h"
 #include "frontend/op_facts.h"
@@ -54,10 +56,9 @@ using frontend::Recorded;
 
 namespace {
 
-/// genie.recorder's entry points (strong references, set once).
+/// genie.recorder's entry point (a strong reference, set once).
 struct Entry {
-  PyObject* dispatch = nullptr;     // genie.recorder.dispatch(func, args, kwargs)
-  PyObject* run_pending = nullptr;  // genie.runtime.run_pending(device_index)
+  PyObject* dispatch = nullptr;  // genie.recorder.dispatch(func, args, kwargs)
 };
 Entry g_entry;
 
@@ -159,6 +160,7 @@ std::pair<py::tuple, py::dict> pythonArguments(const c10::FunctionSchema& schema
 void recordInPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   frontend::countPython();
   py::gil_scoped_acquire gil;
+  countGilAcquisition();
   TORCH_CHECK(g_entry.dispatch != nullptr, op.operator_name(),
               " on remote_accelerator: genie's recorder is not configured (import genie)");
   const auto& schema = op.schema();
@@ -171,15 +173,59 @@ void recordInPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   pushResults(schema, out.ptr(), stack);
 }
 
-/// The runtime's turn when the pending graph passed its limit. Takes the GIL; without the lock.
+/// The runtime's turn when the pending graph passed its limit (DeviceRuntime::runPending, in
+/// C++). Without the lock: takes it.
 void afterRecording(const Recorded& recorded, bool wants_run) {
   if (!wants_run) return;
-  py::gil_scoped_acquire gil;
-  if (g_entry.run_pending != nullptr) {
-    py::object index = py::reinterpret_steal<py::object>(PyLong_FromLong(recorded.recording->device_index));
-    py::object r = py::reinterpret_steal<py::object>(index ? PyObject_CallOneArg(g_entry.run_pending, index.ptr()) : nullptr);
-    if (!r) throwPythonError();
+  DeviceRuntime* runtime = DeviceRuntime::of(recorded.recording);
+  if (runtime == nullptr) return;  // its session was shut down
+  frontend::LockGuard lock;
+  runtime->runPending();
+}
+
+/// A read answered by the device runtime without Python: aten::_to_copy of a device tensor to
+/// the host (converted there as the call asks, unless it pins memory) and
+/// aten::_local_scalar_dense (`.item()`). False when Python must take it (the stack is then
+/// untouched): another op, a read DeviceRuntime::fetch declines, an empty tensor's `.item()`.
+bool readWithoutPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle to_copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "");
+  static const c10::OperatorHandle item =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::_local_scalar_dense", "");
+  const bool is_item = op == item;
+  if (!is_item && op != to_copy) return false;
+  const size_t n = op.schema().arguments().size();
+  const c10::IValue* args = stack->data() + (stack->size() - n);
+  if (!args[0].isTensor()) return false;
+  const at::Tensor& src = args[0].toTensor();
+  frontend::LazyState* state = frontend::lazyState(src);
+  if (state == nullptr) return false;
+  if (is_item && src.numel() == 0) return false;  // eager's error, raised by genie.transfers
+  // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+  if (!is_item) {
+    if (args[3].isNone() || !args[3].toDevice().is_cpu()) return false;
+    if (!args[4].isNone() && args[4].toBool()) return false;
+    if (!args[2].isNone() && args[2].toLayout() != c10::kStrided) return false;
   }
+  DeviceRuntime* runtime = DeviceRuntime::of(&state->recording());
+  if (runtime == nullptr) return false;
+  std::optional<at::Tensor> out;
+  {
+    frontend::LockGuard lock;
+    out = runtime->fetch(src);
+  }
+  if (!out) return false;
+  c10::IValue result;
+  if (is_item) {
+    result = out->item();
+  } else {
+    const auto dtype = args[1].toOptional<at::ScalarType>();
+    const auto format = args[6].toOptional<at::MemoryFormat>();
+    const bool convert = (dtype && *dtype != out->scalar_type()) || (format && *format != at::MemoryFormat::Preserve);
+    result = convert ? at::_to_copy(*out, dtype, std::nullopt, std::nullopt, std::nullopt, false, format) : *out;
+  }
+  torch::jit::drop(*stack, n);
+  stack->push_back(std::move(result));
+  return true;
 }
 
 /// Whether `op` with these arguments is aten::_to_copy of a host tensor that is not an
@@ -191,6 +237,7 @@ bool mayUploadInline(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   const c10::IValue& self = stack[stack.size() - op.schema().arguments().size()];
   if (!self.isTensor() || !self.toTensor().defined() || !self.toTensor().is_cpu()) return false;
   py::gil_scoped_acquire gil;
+  countGilAcquisition();
   PyObject* obj = THPVariable_Wrap(self.toTensor());
   if (obj == nullptr) throwPythonError();
   const bool parameter = PyObject_IsInstance(obj, ParameterClass) == 1;
@@ -228,6 +275,7 @@ void recordBoxedUntimed(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   frontend::CallOptions options;
   options.inline_upload = mayUploadInline(op, *stack);
   Recorded recorded = frontend::record(op, *stack, options);
+  if (recorded.outcome == Outcome::kPython && readWithoutPython(op, stack)) return;
   switch (recorded.outcome) {
     case Outcome::kRecorded:
       afterRecording(recorded, recorded.wants_run);
@@ -324,8 +372,11 @@ py::object recordOp(py::handle func, py::tuple args, py::dict kwargs, std::vecto
   }
   const bool wants = recorded.wants_run;
   py::object result = torch::jit::createPyObjectForStack(std::move(stack));
-  if (wants && g_entry.run_pending != nullptr) {
-    py::reinterpret_borrow<py::object>(g_entry.run_pending)(recorded.recording->device_index);
+  try {
+    afterRecording(recorded, wants);
+  } catch (python_error& e) {
+    e.restore();
+    throw py::error_already_set();
   }
   return result;
 }
@@ -439,17 +490,15 @@ error.)doc")
       .def("call", &PartCall::call, py::arg("args"));
   m.def(
       "configure_recorder",
-      [](py::object dispatch, py::object run_pending, std::vector<std::string> python_ops) {
+      [](py::object dispatch, std::vector<std::string> python_ops) {
         g_entry.dispatch = dispatch.release().ptr();
-        g_entry.run_pending = run_pending.release().ptr();
         frontend::LockGuard lock;
         frontend::setPythonOps(python_ops);
       },
-      py::arg("dispatch"), py::arg("run_pending"), py::arg("python_ops"),
-      "configure_recorder(dispatch, run_pending, python_ops): "
-      "genie.recorder.dispatch (the calls the C++ recorder does not take), the runtime's hook for a pending "
-      "graph past its limit (run_pending(device_index)), and the aten ops ('aten::name.overload') always "
-      "handed to dispatch. genie.recorder calls it once at import.");
+      py::arg("dispatch"), py::arg("python_ops"),
+      "configure_recorder(dispatch, python_ops): genie.recorder.dispatch (the calls the C++ recorder does not "
+      "take) and the aten ops ('aten::name.overload') always handed to dispatch. genie.recorder calls it once at "
+      "import.");
   m.def("register_recorder_kernels", &registerKernels, py::arg("extra"),
         "register_recorder_kernels(extra: list[str]) -> int: registers the recorder as remote_accelerator's "
         "PrivateUse1 fallback and as the PrivateUse1 kernel of the aten ops that would otherwise decompose "

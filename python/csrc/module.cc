@@ -17,6 +17,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <unistd.h>
@@ -31,7 +32,7 @@
 #include <vector>
 
 #include "bindings.h"
-#include "frontend/cut.h"
+#include "wire_tensors.h"
 #include "genie/client/client.h"
 #include "genie/log.h"
 #include "genie/transport/config.h"
@@ -45,156 +46,6 @@ namespace genie::python {
 namespace {
 
 using client::Client;
-
-// ---- errors -----------------------------------------------------------------------------
-
-/// The class `name` of genie.errors, or RuntimeError when that module cannot be imported.
-py::object errorClass(const char* name) {
-  try {
-    return py::module_::import("genie.errors").attr(name);
-  } catch (py::error_already_set&) {
-    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  }
-}
-
-/// The genie.errors exception for a failed status. Call with the GIL held. A kRemote status
-/// with the node's RemoteDetail becomes genie.errors.remote_error(...): a GenieRemoteError that
-/// is also the Python class eager raises for the op's C++ exception (IndexError, ...).
-py::object errorOf(const Status& status, const std::string& address) {
-  std::string message = status.message();
-  switch (status.code()) {
-    case StatusCode::kPeerUnreachable:
-    case StatusCode::kTimeout:
-      if (message.find(address) == std::string::npos) message = "genie-node " + address + ": " + message;
-      return errorClass("GenieConnectionError")(message);
-    case StatusCode::kRemote: {
-      // Every kRemote status carries the node's detail (wire::remoteStatus).
-      py::object make = errorClass("remote_error");
-      const RemoteDetail* remote = status.remote();
-      if (make.ptr() == PyExc_RuntimeError || remote == nullptr) return make(message);
-      return make(message, py::arg("code") = std::string(wire::errorCodeName(static_cast<wire::ErrorCode>(remote->code))),
-                  py::arg("op_index") = remote->op_index, py::arg("op_name") = remote->op_name,
-                  py::arg("node_message") = remote->message, py::arg("error_class") = remote->error_class);
-    }
-    default:
-      return errorClass("GenieError")(std::string(statusCodeName(status.code())) + ": " + message);
-  }
-}
-
-/// Raises errorOf(status, ...).
-[[noreturn]] void raiseStatus(const Status& status, const std::string& address) {
-  py::object error = errorOf(status, address);
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
-  throw py::error_already_set();
-}
-
-// ---- tensors ----------------------------------------------------------------------------
-
-/// A CPU tensor's wire descriptor and the storage span that travels for it.
-struct OutgoingTensor {
-  at::Tensor tensor;  // keeps the bytes alive while they are sent
-  wire::TensorDescArgs desc;
-  const std::byte* bytes = nullptr;  // element 0 of the storage span (storage_offset prefix included)
-  uint64_t nbytes = 0;
-};
-
-OutgoingTensor outgoingOf(at::Tensor t, const std::string& what);
-
-OutgoingTensor outgoingOf(py::handle obj, const std::string& what) {
-  if (!THPVariable_Check(obj.ptr())) throw py::type_error(what + ": expected a torch.Tensor, got " + typeName(obj));
-  return outgoingOf(THPVariable_Unpack(obj.ptr()), what);
-}
-
-OutgoingTensor outgoingOf(at::Tensor t, const std::string& what) {
-  if (!t.defined()) throw py::value_error(what + ": an undefined tensor");
-  if (!t.device().is_cpu()) {
-    throw py::value_error(what + ": a tensor on " + t.device().str() + "; genie._C sends CPU tensors");
-  }
-  if (t.layout() != c10::kStrided) throw py::value_error(what + ": only strided (dense) tensors can be sent");
-  const wire::DType dtype = wire::wireDTypeOf(t.scalar_type());
-  if (dtype == wire::DType::Undefined) {
-    throw py::type_error(what + ": dtype " + std::string(c10::toString(t.scalar_type())) + " has no wire dtype");
-  }
-  if (t.is_conj() || t.is_neg()) t = t.resolve_conj().resolve_neg();  // the bytes must hold the values
-  OutgoingTensor out;
-  out.desc.dtype = dtype;
-  out.desc.shape.assign(t.sizes().begin(), t.sizes().end());
-  if (!t.is_contiguous()) out.desc.strides.assign(t.strides().begin(), t.strides().end());
-  out.desc.storage_offset = t.storage_offset();
-  auto nbytes = wire::tensorSpanBytes(dtype, out.desc.shape, out.desc.strides, out.desc.storage_offset);
-  if (!nbytes) throw py::value_error(what + ": " + nbytes.status().message());
-  out.nbytes = *nbytes;
-  if (out.nbytes > 0) {
-    out.bytes = static_cast<const std::byte*>(t.const_data_ptr()) - t.storage_offset() * static_cast<int64_t>(t.itemsize());
-  }
-  out.tensor = std::move(t);
-  return out;
-}
-
-/// The payload of several tensors as the parts it is sent in: each tensor's storage span at
-/// its PayloadLayout offset, the padding between them read from a zeroed buffer. No copy.
-std::vector<transport::ConstBuffer> payloadParts(std::span<const OutgoingTensor> tensors,
-                                                 std::span<const uint64_t> offsets) {
-  static const std::array<std::byte, wire::kPayloadAlignment> kPadding{};
-  std::vector<transport::ConstBuffer> parts;
-  uint64_t at = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (offsets[i] > at) parts.push_back({kPadding.data(), offsets[i] - at});  // < kPayloadAlignment
-    if (tensors[i].nbytes) parts.push_back({tensors[i].bytes, tensors[i].nbytes});
-    at = offsets[i] + tensors[i].nbytes;
-  }
-  return parts;
-}
-
-/// Lays tensors out in one payload (PayloadLayout offsets) and copies their storage spans
-/// into it (small inline inputs of a RunGraph). Call without the GIL.
-std::vector<std::byte> gatherPayload(std::span<const OutgoingTensor> tensors, std::span<const uint64_t> offsets,
-                                     uint64_t size) {
-  std::vector<std::byte> payload(size);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].nbytes) std::memcpy(payload.data() + offsets[i], tensors[i].bytes, tensors[i].nbytes);
-  }
-  return payload;
-}
-
-std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(shape[i], 1);
-  return strides;
-}
-
-c10::ScalarType scalarTypeOf(wire::DType dtype) {
-  auto type = wire::torchScalarType(dtype);
-  if (!type) throw py::value_error("the node sent a tensor of wire dtype " + std::string(wire::dtypeName(dtype)));
-  return *type;
-}
-
-/// A CPU tensor over tensor i's bytes in the reply's payload (no copy: the tensor's deleter
-/// holds the payload buffer, shared by every tensor of that reply).
-at::Tensor tensorOf(const client::TensorBatch& batch, size_t i) {
-  const wire::TensorDescArgs& desc = batch.tensors[i].desc;
-  const auto options = at::TensorOptions().dtype(scalarTypeOf(desc.dtype)).device(c10::kCPU);
-  const std::vector<int64_t> strides = desc.strides.empty() ? contiguousStrides(desc.shape) : desc.strides;
-  if (batch.nbytesOf(i) == 0) return at::empty_strided(desc.shape, strides, options);
-  std::shared_ptr<std::byte> holder = batch.payload.data;
-  return at::for_blob(batch.payload.data.get() + batch.tensors[i].payload_offset, desc.shape)
-      .strides(strides)
-      .storage_offset(desc.storage_offset)
-      .deleter([holder](void*) {})
-      .options(options)
-      .make_tensor();
-}
-
-py::object dtypeObject(wire::DType dtype) {
-  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(scalarTypeOf(dtype))));
-}
-
-/// (dtype, shape, strides, storage_offset) of a KeepAndDescribe output.
-py::tuple describe(const wire::TensorDescArgs& desc) {
-  const std::vector<int64_t> strides = desc.strides.empty() ? contiguousStrides(desc.shape) : desc.strides;
-  return py::make_tuple(dtypeObject(desc.dtype), py::tuple(py::cast(desc.shape)), py::tuple(py::cast(strides)),
-                        desc.storage_offset);
-}
 
 wire::Residency residencyOf(py::handle obj, const std::string& what) {
   const int64_t r = py::cast<int64_t>(obj);
@@ -411,67 +262,6 @@ class PyClient {
     return parsed;
   }
 
-  /// A RunGraph's arguments from a prepared cut (python/csrc/frontend/cut.h): no Python objects.
-  static ParsedRun parseCut(const frontend::Cut& cut) {
-    TORCH_CHECK(cut.prepared.graph_id.has_value(), "run_cut: the cut's graph is not registered");
-    ParsedRun parsed;
-    wire::RunGraphArgs& run = parsed.run;
-    run.graph_id = *cut.prepared.graph_id;
-    for (size_t i = 0; i < cut.lowered.inputs.size(); ++i) {
-      const auto& input = cut.lowered.inputs[i];
-      if (input.kind == frontend::LoweredInput::kWeight) continue;  // bound in the graph
-      wire::InputBindingArgs binding;
-      binding.input = static_cast<uint32_t>(i);
-      if (input.kind == frontend::LoweredInput::kHandle) {
-        binding.handle = *input.value->handle;
-      } else {
-        parsed.inline_tensors.push_back(outgoingOf(input.tensor, at("run_cut: inline input", i)));
-        wire::TensorSlotArgs slot;
-        slot.desc = parsed.inline_tensors.back().desc;
-        slot.payload_offset = parsed.layout.add(parsed.inline_tensors.back().nbytes);
-        parsed.offsets.push_back(slot.payload_offset);
-        binding.inline_tensor = std::move(slot);
-      }
-      run.inputs.push_back(std::move(binding));
-    }
-    for (const auto& [slot, number] : cut.prepared.scalars) {
-      wire::ScalarBindingArgs scalar;
-      scalar.slot = slot;
-      if (number.is_float) {
-        scalar.value = number.d;
-      } else {
-        scalar.value = number.i;
-      }
-      run.scalars.push_back(scalar);
-    }
-    for (const auto& row : cut.specs) {
-      wire::OutputSpecArgs spec;
-      spec.value = row.value_id;
-      spec.action = static_cast<wire::OutputAction>(row.action);
-      if (row.handle) spec.handle = *row.handle;
-      spec.residency = static_cast<wire::Residency>(row.residency);
-      if (!cut.colocation_group.empty() && spec.residency == wire::Residency::StatefulKvCache) {
-        spec.colocation = wire::ColocationArgs{cut.colocation_group, cut.colocation_bytes};
-      }
-      run.outputs.push_back(spec);
-    }
-    run.free = cut.frees;
-    return parsed;
-  }
-
-  py::list runCut(const frontend::Cut& cut) { return runParsed(parseCut(cut)); }
-
-  uint64_t runCutAsync(const frontend::Cut& cut) {
-    ParsedRun parsed = parseCut(cut);
-    for (const auto& spec : parsed.run.outputs) {
-      TORCH_CHECK(spec.action == wire::OutputAction::KeepResident,
-                  "run_cut_async: an asynchronous run can only keep outputs resident");
-    }
-    auto id = withoutGil([&] { return live().runGraphAsync(parsed.run, parsed.payload()); });
-    check(id);
-    return *id;
-  }
-
   py::list runGraph(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
                     const py::list& outputs, const py::list& free) {
     return runParsed(parseRun(graph_id, inputs, scalars, outputs, free));
@@ -631,6 +421,9 @@ class PyClient {
            wire::toString(client_->sessionId()) + ">";
   }
 
+ /// The C++ client, shared with the device runtime (device_runtime.h).
+  std::shared_ptr<Client> shared() const { return client_; }
+
  private:
   /// The connected client (the constructor raises when it cannot connect: never null).
   Client& live() const { return *client_; }
@@ -651,7 +444,7 @@ class PyClient {
   }
 
   std::string address_;
-  std::unique_ptr<Client> client_;
+  std::shared_ptr<Client> client_;
 
  public:
   /// The calls that returned, and the last one's result (see `returning`).
@@ -678,6 +471,8 @@ std::string nodeBinary() {
 }
 
 }  // namespace
+
+std::shared_ptr<Client> sharedClientOf(py::handle client) { return py::cast<PyClient&>(client).shared(); }
 
 /// Sets a remote_accelerator tensor's sizes, strides and storage offset (device_guard.cc).
 void setGeometry(const at::Tensor& tensor, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t storage_offset);
@@ -711,6 +506,15 @@ PYBIND11_MODULE(_C, m) {
 
   // The program's standard output is its own: the client logs to standard error, warnings and
   // errors only unless GENIE_LOG_LEVEL says otherwise (as for the embedded node).
+  // torch's python_error (a Python exception carried through C++: the recorder's kernel, the
+  // device runtime) is raised as the exception it holds by every binding of this module.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (python_error& e) {
+      e.restore();
+    }
+  });
   genie::logToStderr("genie");
   const char* level = std::getenv("GENIE_LOG_LEVEL");
   if (level == nullptr || !genie::setLogLevel(level)) genie::setLogLevel("warn");
@@ -718,6 +522,7 @@ PYBIND11_MODULE(_C, m) {
   bindFrontend(m);
   bindDispatchKernel(m);
   bindSparse(m);
+  bindDeviceRuntime(m);
   m.def("set_device_count", &setDeviceCount, py::arg("n"),
         "Sets how many remote_accelerator devices c10's PrivateUse1 device guard reports (n >= 1).");
   m.def("set_accelerator_hooks", &setAcceleratorHooks, py::arg("hooks"),
@@ -740,6 +545,24 @@ PYBIND11_MODULE(_C, m) {
       "Gives a remote_accelerator tensor (a LazyTensor wrapper) new sizes, strides (elements) and "
       "storage offset (elements), as resize_ does for an out= op that resizes its output. "
       "RuntimeError for a tensor on another device or mismatched lengths.");
+  m.def("wire_enum", [](const std::string& name) {
+    py::dict out;
+    auto add = [&out](const auto& values, auto name_of) {
+      for (const auto v : values) out[py::str(name_of(v))] = static_cast<int>(v);
+    };
+    if (name == "Residency") {
+      add(wire::EnumValuesResidency(), wire::EnumNameResidency);
+    } else if (name == "OutputAction") {
+      add(wire::EnumValuesOutputAction(), wire::EnumNameOutputAction);
+    } else if (name == "DType") {
+      add(wire::EnumValuesDType(), wire::EnumNameDType);
+    } else {
+      throw py::value_error("wire_enum: no enum " + name + " (Residency, OutputAction, DType)");
+    }
+    return out;
+  }, py::arg("name"),
+        "wire_enum(name) -> {member: int}: an enum of schemas/genie.fbs (Residency, OutputAction, DType) as the "
+        "generated header defines it. ValueError for another name.");
   m.def("protocol_version", [] { return wire::kProtocolVersion; },
         "The wire protocol version this extension speaks (int; a node with another refuses Hello).");
   m.def(
@@ -858,10 +681,6 @@ Returns a list aligned with outputs: a CPU torch.Tensor (Return, ReturnAndKeep),
 (KeepAndDescribe), None (KeepResident). Raises GenieRemoteError (UnknownGraph, UnknownHandle,
 TorchError with op_index/op_name, OutOfMemory), GenieConnectionError, TypeError/ValueError.
 )doc")
-      .def("run_cut", returning(&PyClient::runCut), py::arg("cut"),
-           "run_cut(cut: Cut) -> list: run_graph with a prepared cut's arguments (genie._C.Cut), built in C++.")
-      .def("run_cut_async", returning(&PyClient::runCutAsync), py::arg("cut"),
-           "run_cut_async(cut: Cut) -> int: run_graph_async with a prepared cut's arguments.")
       .def("run_graph_async", returning(&PyClient::runGraphAsync), py::arg("graph_id"), py::arg("inputs"), py::arg("scalars"),
            py::arg("outputs"), py::arg("free") = py::list(), R"doc(
 run_graph_async(graph_id: bytes, inputs, scalars, outputs, free=[]) -> int

@@ -40,14 +40,15 @@ class Connection:
         # The requests that made the resident state, to rebuild it on a new node (None: off).
         self.lineage: Lineage | None = Lineage() if keep_host_copy else None
         self._interrupt: KeyboardInterrupt | None = None  # see _request
-        self.in_flight: dict[int, list[Value]] = {}  # asynchronous runs: request id -> values kept
-        self._lineage_entry: dict[int, int] = {}  # asynchronous runs: request id -> its lineage entry
-        self._deferred: BaseException | None = None  # an asynchronous cut's error, raised at the next wait
+        # Asynchronous runs (their ids and kept values, the deferred error) are the C++ runtime's
+        # (self.native); with a lineage: request id -> its lineage entry.
+        self._lineage_entry: dict[int, int] = {}
 
     def connection(self):
         if self.client is None:
             self._check_not_forked()  # the client was the parent's (genie.runtime._after_fork_in_child)
             self.client = self._connect()
+            self.native.attach(self.client)
             self.session_serial += 1
             self.recording.clear_graphs()
             self.recording.async_chunk = self._async_chunk_for(self.client)
@@ -60,16 +61,16 @@ class Connection:
         """The node went away: every value of the session is lost; the next call reconnects."""
         self.recording.mark_lost(error)
         self.recording.connected = False
-        self.in_flight = {}
+        self.native.forget_in_flight()  # the deferred error too: superseded by the connection error
         self._lineage_entry = {}
         if self.lineage is not None:
             self.lineage = Lineage()  # of handles that are gone with the node
-        self._deferred = None  # superseded by the connection error being raised
         self._drop_client()
 
     def _drop_client(self) -> None:
         """Closes the client of a lost connection (already gone: nothing to report)."""
         client, self.client = self.client, None
+        self.native.detach()
         if client is not None:
             try:
                 client.close()
@@ -98,7 +99,8 @@ class Connection:
                 warnings.warn(f"genie: {self.device}: rebuilding the lost state failed: {replay_error}", stacklevel=4)
                 return False
             self.client = client
-            self.in_flight.clear()  # replayed; their failures were checked there
+            self.native.attach(client)
+            self.native.forget_in_flight()  # replayed; their failures were checked there
             warnings.warn(f"genie: {self.device}: the node was lost ({error}); reconnected to {client.address} "
                           f"and rebuilt the resident state from {len(self.lineage.entries)} logged requests",
                           stacklevel=4)
@@ -154,27 +156,19 @@ class Connection:
 
     def _reap_async(self, sent_after: list[Value] = ()) -> BaseException | None:
         """After a request that waited, every asynchronous run sent before it has finished.
-        Returns the first failure (or an error deferred by `_execute_async`), else None.
+        Returns the first failure (or an error deferred by an asynchronous run), else None
+        (DeviceRuntime.reap_async).
 
         A failed run poisons what was sent after it, as a CUDA error does the work queued
         behind it: the values it and every later run would have kept (and `sent_after`, those
         of the request that just waited) are lost with its error. Later runs may have read
         storage the failed run was to write, so their results cannot be trusted."""
-        first, self._deferred = self._deferred, None
-        if not self.in_flight or self.client is None:
-            self.in_flight.clear()
-            return first
-        failures = self.client.take_async_failures(True)
-        if failures:
-            failed_id, error = min(failures, key=lambda f: f[0])  # request ids grow in send order
-            if self.lineage is not None and failed_id in self._lineage_entry:
-                self.lineage.forget_runs_after(self._lineage_entry[failed_id])
-            poisoned = [kept for request_id, kept in self.in_flight.items() if request_id >= failed_id]
-            poisoned.append(sent_after)
-            for kept in poisoned:
-                for v in kept:
-                    v.error = error  # the handle stays: freed when the tensor dies
-            first = first or error
-        self.in_flight.clear()
-        self._lineage_entry.clear()
-        return first
+        return self.native.reap_async(list(sent_after))
+
+    def _connection_failed(self, error: GenieConnectionError, attempt: int) -> bool:
+        """The C++ runtime's request lost the node (`attempt`: recoveries of this request so far):
+        True when recovered (it sends the request again), else every value is lost (False)."""
+        if attempt < self.max_recoveries and self._recover(error):
+            return True
+        self._lost(error)
+        return False

@@ -22,11 +22,17 @@ import os
 
 import torch
 
+from . import _C
 from ._C import Node, Storage, Value  # noqa: F401 - the IR's classes
 
-# RunGraph output actions (schemas/genie.fbs OutputAction) and residency classes (Residency).
-RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = 0, 1, 2, 3
-ACTIVATION, WEIGHT, KV_CACHE = 0, 1, 2
+# RunGraph output actions (schemas/genie.fbs OutputAction) and residency classes (Residency),
+# as the schema's generated header defines them.
+_ACTIONS = _C.wire_enum("OutputAction")
+RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE = (
+    _ACTIONS[n] for n in ("Return", "KeepResident", "ReturnAndKeep", "KeepAndDescribe"))
+RESIDENCY: dict[str, int] = _C.wire_enum("Residency")  # {"EphemeralActivation": 0, ...}
+ACTIVATION, WEIGHT, KV_CACHE, GRADIENT = (
+    RESIDENCY[n] for n in ("EphemeralActivation", "PersistentWeight", "StatefulKvCache", "Gradient"))
 
 
 def new_handle() -> bytes:

@@ -253,12 +253,5 @@ def _has_runtime(index: int) -> bool:
     return _runtime_exists is not None and _runtime_exists(index)
 
 
-def run_pending(index: int) -> None:
-    """The C++ recorder's hook: the pending graph of device `index` passed its limit."""
-    if _run_pending is not None:
-        _run_pending(index)
-
-
 _runtime_for = None
 _runtime_exists = None
-_run_pending = None

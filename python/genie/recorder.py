@@ -22,7 +22,7 @@ from __future__ import annotations
 from . import _C, compat, sparse, transfers
 from .graph import op_name
 from .lazy import lock
-from .record import record_op, run_pending
+from .record import record_op
 
 
 def dispatch(func, args: tuple, kwargs: dict):
@@ -48,4 +48,4 @@ _SPECIAL = _special_table()
 # advanced indexing) only when they cross the host (python/csrc/frontend/op_facts.h Route).
 _ALWAYS_PYTHON = [op_name(op) for op in (*transfers.HANDLERS, *compat.HANDLERS, *sparse.HANDLERS)
                   if op not in transfers.CONDITIONAL and op not in compat.CONDITIONAL]
-_C.configure_recorder(dispatch, run_pending, _ALWAYS_PYTHON)
+_C.configure_recorder(dispatch, _ALWAYS_PYTHON)

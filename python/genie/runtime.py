@@ -66,7 +66,15 @@ class Runtime(Connection, Uploads, RngOps):
         # node moves, genie.transfers).
         self.auth_token = auth_token
         self.recording = _C.Recording(index, self)
+        # The runtime in C++ (python/csrc/device_runtime.h): reads, runs, the runs in flight.
+        # This object is its policy, called only off the fast path (see the hooks below).
+        self.native = _C.DeviceRuntime(self.recording)
+        self.native.max_in_flight = self.max_in_flight
+        self.native.analyse_residency = _residency_analysis is not None
+        self.native.observe = _cut_observer is not None
+        self.native.reads_in_python = progress.enabled()  # large reads in slices, with a bar
         Connection.__init__(self, connect, keep_host_copy)
+        self.native.lineage = self.lineage is not None
         Uploads.__init__(self)
         RngOps.__init__(self)
 
@@ -76,6 +84,16 @@ class Runtime(Connection, Uploads, RngOps):
     @staticmethod
     def _async_chunk_for(client) -> int:
         return async_chunk_for(client.device, client.address)
+
+    @property
+    def in_flight(self) -> list[int]:
+        """The request ids of the asynchronous runs in flight (the C++ runtime's)."""
+        return self.native.in_flight
+
+    @property
+    def _deferred(self) -> "BaseException | None":
+        """An asynchronous run's error waiting to be raised at the next request that waits."""
+        return self.native.deferred
 
     # ---- the pending graph --------------------------------------------------------------
 
@@ -111,112 +129,51 @@ class Runtime(Connection, Uploads, RngOps):
         return value
 
     def run_pending(self) -> None:
-        """The recorder's hook: the pending graph passed `async_chunk` or `max_pending` nodes."""
-        if self.recording.pending_count >= self.recording.max_pending:
-            self.flush()
-        elif self.recording.wants_run():
-            self._execute_async()
-
-    def _prepare_cut(self, returned: list[Value], described: list[Value]):
-        """The cut of the pending graph (taken out of it), its graph registered if its structure
-        is new. Raises a lost input's error (what was pending is then lost with it)."""
-        self.connection()  # (re)connecting clears the graph cache: before the cut consults it
-        try:
-            cut = self.recording.take_cut(returned, described)
-        except GenieError as error:  # a lost input: what was pending is lost with it
-            self.recording.discard_pending(error)
-            raise
-        if cut.needs_residency and _residency_analysis is not None:
-            self.recording.set_residency(cut, _residency_analysis(cut, list(returned) + list(cut.kept)))
-        if _cut_observer is not None:
-            _cut_observer(self.device, cut.nodes, list(returned) + list(cut.kept))
-        if cut.graph_id is None:
-            try:
-                graph_bytes = cut.encode()
-                graph_id = self._request("register_graph", graph_bytes)
-            except KeyboardInterrupt:
-                self.recording.restore(cut)  # nothing ran
-                raise
-            except BaseException as error:  # the node refused the graph (an op it lacks): like a failed run
-                self.recording.fail(cut, -1 if isinstance(error, GenieConnectionError) else
-                                    getattr(error, "op_index", -1), error)
-                raise
-            self.recording.registered(cut, graph_id)
-            if self.lineage is not None:
-                self.lineage.graph(graph_id, graph_bytes)
-        return cut
+        """The pending graph passed `async_chunk` or `max_pending` nodes: an asynchronous run, or a
+        run now (the recorder's kernel does this in C++; Python callers use this)."""
+        self.native.run_pending()
 
     def _execute(self, returned: list[Value], described: list[Value]) -> tuple[dict, dict]:
-        """One request: runs the live pending graph; returns ({value: host tensor} of
-        `returned`, {value: (dtype, shape, strides, offset)} of `described`)."""
-        self.recording.drain_dead()
-        cut = self._prepare_cut(returned, described)
-        try:
-            results = self._request("run_cut", cut)
-        except GenieConnectionError as error:
-            self.recording.fail(cut, -1, error)
-            raise
-        except KeyboardInterrupt:
-            self.recording.restore(cut)  # Ctrl-C before the request left (see _request): nothing ran
-            raise
-        except BaseException as error:
-            failed = self._reap_async()
-            if failed is not None:
-                # An earlier asynchronous run failed (likely the cause: this cut may read
-                # what it would have made): report that one; this cut is lost with it.
-                self.recording.fail(cut, -1, failed)
-                raise failed from error
-            self.recording.fail(cut, getattr(error, "op_index", -1), error)
-            raise
-        self.recording.commit(cut)
-        if self.lineage is not None:
-            self.lineage.run(cut.request(), cut.weights)
-        self._raise_interrupt()
-        failed = self._reap_async(cut.kept)
-        if failed is not None:
-            raise failed
-        if self.lineage is not None:  # no asynchronous run names an entry now
-            self.lineage.maybe_prune(set(self.recording.live_handles()))
-        out_returned, out_described = {}, {}
-        for action, v, result in zip(cut.spec_actions, cut.spec_values, results):
-            if action in (RETURN, RETURN_AND_KEEP):
-                out_returned[v] = result
-            elif action == KEEP_AND_DESCRIBE:
-                out_described[v] = result
-        return out_returned, out_described
+        """One request: runs the live pending graph (DeviceRuntime.materialize); returns ({value:
+        host tensor} of `returned`, {value: (dtype, shape, strides, offset)} of `described`)."""
+        tensors, descs = self.native.materialize(list(returned), list(described))
+        return dict(zip(returned, tensors)), dict(zip(described, descs))
 
     def _execute_async(self) -> None:
-        """Sends the live pending graph as an asynchronous run (no round trip): outputs a live
-        tensor holds stay resident under handles set now; nothing comes back. Errors are not
-        raised here (from the op being recorded) but at the next request that waits. At most
-        `max_in_flight` runs are outstanding: past that the program waits for them (as a full
-        CUDA launch queue blocks the host)."""
-        if len(self.in_flight) >= self.max_in_flight:
-            self._deferred = self._reap_async()
-        self.recording.drain_dead()
-        try:
-            cut = self._prepare_cut([], [])
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
-            self._deferred = self._deferred or error
-            return
-        try:
-            request_id = self._request("run_cut_async", cut)
-        except KeyboardInterrupt:
-            self.recording.restore(cut)  # Ctrl-C before the request left: nothing ran
-            raise
-        except BaseException as error:  # noqa: BLE001 - raised at the next request that waits
-            self.recording.fail(cut, -1 if isinstance(error, GenieConnectionError) else
-                                getattr(error, "op_index", -1), error)
-            self._deferred = self._deferred or error
-            return
-        self.recording.commit(cut)
-        self.in_flight[request_id] = cut.kept
-        if self.lineage is not None:
+        """Sends the live pending graph as an asynchronous run (DeviceRuntime.materialize_async):
+        outputs a live tensor holds stay resident; its errors are raised at the next request that
+        waits. At most `max_in_flight` runs are outstanding."""
+        self.native.materialize_async()
+
+    # ---- the policy: called by the C++ runtime off its fast path -------------------------
+
+    def _cut_taken(self, cut, outputs: list[Value]) -> None:
+        """A cut before it is sent: its structure's residency (genie.semantics: KV caches,
+        gradients) on its first cut, and the cut observer."""
+        if cut.needs_residency and _residency_analysis is not None:
+            self.recording.set_residency(cut, _residency_analysis(cut, outputs))
+        if _cut_observer is not None:
+            _cut_observer(self.device, cut.nodes, outputs)
+
+    def _graph_registered(self, graph_id: bytes, graph_bytes: bytes) -> None:
+        self.lineage.graph(graph_id, graph_bytes)
+
+    def _ran(self, cut, request_id: "int | None") -> None:
+        """A run was sent (`request_id`: an asynchronous one's), into the lineage."""
+        if request_id is not None:
             self._lineage_entry[request_id] = len(self.lineage.entries)
-            self.lineage.run(cut.request(), cut.weights)
-        self._raise_interrupt()
+        self.lineage.run(cut.request(), cut.weights)
+
+    def _runs_failed_after(self, request_id: int) -> None:
+        """The asynchronous run `request_id` failed: the lineage forgets it and what followed."""
+        if request_id in self._lineage_entry:
+            self.lineage.forget_runs_after(self._lineage_entry[request_id])
+        self._lineage_entry.clear()
+
+    def _prune_lineage(self) -> None:
+        """After a run that waited: no asynchronous run names an entry now."""
+        self._lineage_entry.clear()
+        self.lineage.maybe_prune(set(self.recording.live_handles()))
 
     def flush(self) -> None:
         """Runs every live pending op and waits for the asynchronous runs (genie.synchronize);
@@ -231,7 +188,7 @@ class Runtime(Connection, Uploads, RngOps):
             self._call("free", frees, True)  # waits: the Ack reports the resident bytes after them
             if self.lineage is not None:
                 self.lineage.free(frees)
-        elif self.in_flight or self._deferred is not None:
+        elif self.native.busy:
             failed = self._reap_async()
             if failed is not None:
                 raise failed
@@ -244,6 +201,9 @@ class Runtime(Connection, Uploads, RngOps):
         asynchronous runs are in flight (their failures are reported at reads); so is one it
         can compute from small resident values, which are then read whole in one request and
         kept as their host copies (`host_answer`)."""
+        out = self.native.fetch(tensor)  # in C++: no Python on the way
+        if out is not None:
+            return out
         if progress.large_read(tensor):
             return self._read_in_slices(tensor)
         value = self.value_of(tensor)
@@ -282,7 +242,7 @@ class Runtime(Connection, Uploads, RngOps):
         """compute(what) on the host; when it fails for want of small resident values
         (leaves_of(what)), those are read whole (one GetTensors), kept as their host copies, and
         it is tried again. None while asynchronous runs are in flight."""
-        if self.in_flight or self._deferred is not None:
+        if self.native.busy:
             return None
         out = compute(what)
         if out is None:
@@ -297,7 +257,7 @@ class Runtime(Connection, Uploads, RngOps):
         """The tensor's exact values if the host knows them without a request (genie.host_eval:
         small integer and bool uploads and what is computed from them); None otherwise. Used
         for eager's value checks at the op (genie.compat); the result must not be changed."""
-        if self.in_flight or self._deferred is not None:
+        if self.native.busy:
             return None
         host = self.recording.host_value(self.value_of(tensor))
         if host is None or host.numel() != tensor.numel():
@@ -361,6 +321,7 @@ class Runtime(Connection, Uploads, RngOps):
                 pass
             self.client.close()
             self.client = None
+            self.native.detach()
             self.recording.connected = False
         self.session_serial += 1  # what was registered is gone with the session
 
@@ -411,6 +372,8 @@ def set_cut_observer(observer) -> None:
     None: no observer. The observer runs under the process lock; what it raises is the step's."""
     global _cut_observer
     _cut_observer = observer
+    for runtime in _runtimes.values():
+        runtime.native.observe = observer is not None
 
 
 # Called as f(cut, outputs) -> {wire value id: residency class} with a structure's first cut:
@@ -425,6 +388,8 @@ def set_residency_analysis(analysis) -> None:
     None: no value is marked. It runs under the process lock; what it raises is the step's."""
     global _residency_analysis
     _residency_analysis = analysis
+    for runtime in _runtimes.values():
+        runtime.native.analyse_residency = analysis is not None
 
 
 @locked
@@ -450,17 +415,9 @@ def runtime_for(device: torch.device) -> Runtime:
     return runtime
 
 
-@locked
-def _run_pending(index: int) -> None:
-    runtime = _runtimes.get(index)
-    if runtime is not None:
-        runtime.run_pending()
-
-
 # Capture calls up through these (genie.record's hooks).
 _record._runtime_for = runtime_for
 _record._runtime_exists = lambda index: index in _runtimes
-_record._run_pending = _run_pending
 # The runtime of device index i for this process's session: genie._session.make_runtime, which
 # genie._session installs when it is imported (the session layer is above this one).
 _make_runtime = None
@@ -520,7 +477,8 @@ def _after_fork_in_child() -> None:
         if runtime.client is not None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(runtime.client))
             runtime.client = None
-        runtime.in_flight = {}
+        runtime.native.forget_in_flight()
+        runtime.native.detach()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import _C, progress
-from .graph import Value, new_handle
+from .graph import ACTIVATION, WEIGHT, Value, new_handle
 from .lazy import lock
 from .record import _PRIVATEUSE1, record_op, runtime_for, runtime_of
 
@@ -191,8 +191,8 @@ def _host_conversion(cpu: torch.Tensor, kwargs: dict) -> torch.Tensor:
 
 
 def residency_of(t: torch.Tensor) -> int:
-    """PersistentWeight (1) for parameters, EphemeralActivation (0) otherwise."""
-    return 1 if isinstance(t, torch.nn.Parameter) else 0
+    """PersistentWeight for parameters, EphemeralActivation otherwise (genie.graph)."""
+    return WEIGHT if isinstance(t, torch.nn.Parameter) else ACTIVATION
 
 
 def copy(func, args, kwargs):

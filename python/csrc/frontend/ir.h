@@ -38,10 +38,20 @@ namespace genie::frontend {
 class Node;
 struct OpFacts;
 
-/// RunGraph output actions (schemas/genie.fbs OutputAction).
-enum class OutputAction : uint8_t { kReturn = 0, kKeep = 1, kReturnAndKeep = 2, kKeepAndDescribe = 3 };
-/// Residency classes (schemas/genie.fbs Residency).
-enum Residency : uint8_t { kActivation = 0, kWeight = 1, kKvCache = 2, kGradient = 3 };
+/// RunGraph output actions: schemas/genie.fbs OutputAction, as the generated header defines it.
+enum class OutputAction : uint8_t {
+  kReturn = static_cast<uint8_t>(wire::OutputAction::Return),
+  kKeep = static_cast<uint8_t>(wire::OutputAction::KeepResident),
+  kReturnAndKeep = static_cast<uint8_t>(wire::OutputAction::ReturnAndKeep),
+  kKeepAndDescribe = static_cast<uint8_t>(wire::OutputAction::KeepAndDescribe),
+};
+/// Residency classes: schemas/genie.fbs Residency, as the generated header defines it.
+enum Residency : uint8_t {
+  kActivation = static_cast<uint8_t>(wire::Residency::EphemeralActivation),
+  kWeight = static_cast<uint8_t>(wire::Residency::PersistentWeight),
+  kKvCache = static_cast<uint8_t>(wire::Residency::StatefulKvCache),
+  kGradient = static_cast<uint8_t>(wire::Residency::Gradient),
+};
 
 /// Values that alias one memory region.
 struct Storage final : c10::intrusive_ptr_target {

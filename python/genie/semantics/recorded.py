@@ -27,8 +27,8 @@ from .graph import SemGraph
 from .patterns import AttentionPattern, KVCachePattern
 from .phases import regions
 from .residency import CLASSES, assign
+from ..graph import KV_CACHE as _KV_CACHE, WEIGHT as _WEIGHT
 
-_WEIGHT, _KV_CACHE = 1, 2  # genie.graph residency classes
 _KV, _ATTENTION = KVCachePattern(), AttentionPattern()
 
 

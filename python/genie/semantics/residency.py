@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..graph import ACTIVATION, GRADIENT, KV_CACHE, WEIGHT
 from .graph import VIEW_OPS, SemGraph
 from .patterns import Match
 
-CLASSES = {"activation": 0, "weight": 1, "kv_cache": 2, "gradient": 3}
+CLASSES = {"activation": ACTIVATION, "weight": WEIGHT, "kv_cache": KV_CACHE, "gradient": GRADIENT}
 
 
 def kv_values(graph: SemGraph, matches: Sequence[Match]) -> set[int]:

@@ -1,0 +1,619 @@
+// See device_runtime.h.
+#include "device_runtime.h"
+
+#include <torch/csrc/Exceptions.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "bindings.h"
+#include "frontend/host_eval.h"
+#include "frontend/lock.h"
+#include "frontend/lazy_tensor.h"
+#include "wire_tensors.h"
+
+namespace genie::python {
+
+using frontend::Cut;
+using frontend::LoweredInput;
+using frontend::ValuePtr;
+
+namespace {
+
+std::atomic<int64_t> g_policy_calls{0};
+std::atomic<int64_t> g_gil{0};
+std::atomic<int64_t> g_wait_ns{0};
+std::atomic<int64_t> g_requests{0};
+
+/// Holds the GIL for its lifetime, taking it only when this thread does not hold it already.
+class Gil {
+ public:
+  Gil() : taken_(!PyGILState_Check()) {
+    if (taken_) {
+      state_ = PyGILState_Ensure();
+      countGilAcquisition();
+    }
+  }
+  ~Gil() {
+    if (taken_) PyGILState_Release(state_);
+  }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  bool taken_;
+  PyGILState_STATE state_{};
+};
+
+/// Releases the GIL for its lifetime when this thread holds it (a request's wait), and counts
+/// the wait.
+class Waiting {
+ public:
+  Waiting() : saved_(PyGILState_Check() ? PyEval_SaveThread() : nullptr), start_(std::chrono::steady_clock::now()) {}
+  ~Waiting() {
+    g_wait_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_)
+                            .count(),
+                        std::memory_order_relaxed);
+    g_requests.fetch_add(1, std::memory_order_relaxed);
+    if (saved_ != nullptr) {
+      PyEval_RestoreThread(saved_);
+      countGilAcquisition();
+    }
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  PyThreadState* saved_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Raises `error` (a Python exception object) as torch's python_error. GIL held.
+[[noreturn]] void raise(py::handle error) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  python_error e;
+  e.persist();
+  throw e;
+}
+
+/// Raises the pending Python exception as torch's python_error. GIL held.
+[[noreturn]] void raisePending() {
+  python_error e;
+  e.persist();
+  throw e;
+}
+
+bool isConnectionLoss(const Status& status) {
+  return status.code() == StatusCode::kPeerUnreachable || status.code() == StatusCode::kTimeout;
+}
+
+int64_t opIndexOf(const Status& status) {
+  const RemoteDetail* remote = status.remote();
+  return remote != nullptr ? remote->op_index : -1;
+}
+
+/// A RunGraph's arguments from a prepared cut: the one builder of a recorded run's request.
+struct CutRequest {
+  wire::RunGraphArgs run;
+  std::vector<OutgoingTensor> inline_tensors;
+  std::vector<uint64_t> offsets;
+  wire::PayloadLayout layout;
+  std::vector<std::byte> payload() const { return gatherPayload(inline_tensors, offsets, layout.size()); }
+};
+
+CutRequest requestOf(const Cut& cut) {
+  CutRequest out;
+  wire::RunGraphArgs& run = out.run;
+  run.graph_id = *cut.prepared.graph_id;
+  for (size_t i = 0; i < cut.lowered.inputs.size(); ++i) {
+    const LoweredInput& input = cut.lowered.inputs[i];
+    if (input.kind == LoweredInput::kWeight) continue;  // bound in the graph
+    wire::InputBindingArgs binding;
+    binding.input = static_cast<uint32_t>(i);
+    if (input.kind == LoweredInput::kHandle) {
+      binding.handle = *input.value->handle;
+    } else {
+      out.inline_tensors.push_back(outgoingOf(input.tensor, "inline input " + std::to_string(i)));
+      wire::TensorSlotArgs slot;
+      slot.desc = out.inline_tensors.back().desc;
+      slot.payload_offset = out.layout.add(out.inline_tensors.back().nbytes);
+      out.offsets.push_back(slot.payload_offset);
+      binding.inline_tensor = std::move(slot);
+    }
+    run.inputs.push_back(std::move(binding));
+  }
+  for (const auto& [slot, number] : cut.prepared.scalars) {
+    wire::ScalarBindingArgs scalar;
+    scalar.slot = slot;
+    if (number.is_float) {
+      scalar.value = number.d;
+    } else {
+      scalar.value = number.i;
+    }
+    run.scalars.push_back(scalar);
+  }
+  for (const auto& row : cut.specs) {
+    wire::OutputSpecArgs spec;
+    spec.value = row.value_id;
+    spec.action = static_cast<wire::OutputAction>(row.action);
+    if (row.handle) spec.handle = *row.handle;
+    spec.residency = static_cast<wire::Residency>(row.residency);
+    if (!cut.colocation_group.empty() && spec.residency == wire::Residency::StatefulKvCache) {
+      spec.colocation = wire::ColocationArgs{cut.colocation_group, cut.colocation_bytes};
+    }
+    run.outputs.push_back(spec);
+  }
+  run.free = cut.frees;
+  return out;
+}
+
+std::mutex g_registry_mutex;
+std::unordered_map<const frontend::Recording*, DeviceRuntime*> g_registry;
+
+}  // namespace
+
+RuntimeCounters runtimeCounters() {
+  return {g_policy_calls.load(std::memory_order_relaxed), g_gil.load(std::memory_order_relaxed),
+          g_wait_ns.load(std::memory_order_relaxed), g_requests.load(std::memory_order_relaxed)};
+}
+
+void countGilAcquisition() { g_gil.fetch_add(1, std::memory_order_relaxed); }
+
+DeviceRuntime::DeviceRuntime(frontend::RecordingPtr recording) : recording_(std::move(recording)) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  g_registry[recording_.get()] = this;
+}
+
+DeviceRuntime::~DeviceRuntime() {
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    auto it = g_registry.find(recording_.get());
+    if (it != g_registry.end() && it->second == this) g_registry.erase(it);
+  }
+  if (deferred_ != nullptr && Py_IsInitialized()) {
+    Gil gil;
+    Py_CLEAR(deferred_);
+  }
+  if (client_ && Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release release;  // the client's last reference may close it: no GIL while it waits
+    client_.reset();
+  }
+}
+
+DeviceRuntime* DeviceRuntime::of(const frontend::Recording* recording) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = g_registry.find(recording);
+  return it == g_registry.end() ? nullptr : it->second;
+}
+
+void DeviceRuntime::attach(std::shared_ptr<client::Client> client) { client_ = std::move(client); }
+
+void DeviceRuntime::detach() {
+  client_.reset();
+  in_flight_.clear();
+}
+
+std::vector<uint64_t> DeviceRuntime::inFlight() const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, kept] : in_flight_) ids.push_back(id);
+  return ids;
+}
+
+void DeviceRuntime::forgetInFlight() {
+  in_flight_.clear();
+  Py_CLEAR(deferred_);
+}
+
+py::object DeviceRuntime::callPolicy(const char* name, py::args args) {
+  Gil gil;
+  g_policy_calls.fetch_add(1, std::memory_order_relaxed);
+  PyObject* runtime = recording_->runtime_ref != nullptr ? PyWeakref_GetObject(recording_->runtime_ref) : Py_None;
+  if (runtime == nullptr) raisePending();
+  if (runtime == Py_None) {
+    raise(errorClass("GenieConnectionError")(std::string("remote_accelerator:") +
+                                             std::to_string(recording_->device_index) +
+                                             ": a tensor of a session that was shut down"));
+  }
+  try {
+    return py::reinterpret_borrow<py::object>(runtime).attr(name)(*args);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    raisePending();
+  }
+}
+
+client::Client& DeviceRuntime::connection() {
+  if (!client_) callPolicy("connection", py::args());  // connects and attaches (genie.connection)
+  if (!client_) {
+    Gil gil;
+    raise(errorClass("GenieConnectionError")("remote_accelerator:" + std::to_string(recording_->device_index) +
+                                             ": no connection to its node"));
+  }
+  return *client_;
+}
+
+bool DeviceRuntime::recovered(const Status& status, int attempt, py::object& error) {
+  Gil gil;
+  error = errorOf(status, client_ ? client_->address() : std::string("genie-node"));
+  if (!isConnectionLoss(status)) return false;
+  // The policy recovers (lineage: connect again, replay) or marks every value lost.
+  return callPolicy("_connection_failed", py::make_tuple(error, attempt)).cast<bool>();
+}
+
+Cut DeviceRuntime::prepare(const std::vector<ValuePtr>& returned, const std::vector<ValuePtr>& described) {
+  connection();  // (re)connecting clears the graph cache: before the cut consults it
+  Cut cut;
+  try {
+    cut = frontend::takeCut(*recording_, returned, described);
+  } catch (const frontend::LostInput& lost) {  // what was pending is lost with it
+    Gil gil;
+    py::object error = py::reinterpret_borrow<py::object>(lost.value->error);
+    recording_->discardPending(error.ptr());
+    raise(error);
+  }
+  const bool first = !cut.prepared.residency.has_value();
+  if ((first && analyse_residency) || observe) {
+    Gil gil;
+    py::list outputs;
+    for (const ValuePtr& v : returned) outputs.append(py::cast(v));
+    for (const ValuePtr& v : cut.kept) outputs.append(py::cast(v));
+    try {
+      callPolicy("_cut_taken", py::make_tuple(py::cast(&cut, py::return_value_policy::reference), outputs));
+    } catch (...) {
+      frontend::restore(*recording_, cut);
+      throw;
+    }
+  }
+  if (!cut.prepared.graph_id) registerGraph(cut);
+  return cut;
+}
+
+void DeviceRuntime::registerGraph(Cut& cut) {
+  const std::string graph = frontend::encodeGraph(cut.nodes, cut.lowered, cut.prepared.lifted);
+  for (int attempt = 0;; ++attempt) {
+    Result<wire::GraphId> id = [&] {
+      Waiting waiting;
+      return connection().registerGraph({reinterpret_cast<const std::byte*>(graph.data()), graph.size()});
+    }();
+    if (id) {
+      cut.prepared.graph_id = *id;
+      recording_->graphs().remember(cut.lowered, cut.prepared.lifted, *id);
+      if (lineage) callPolicy("_graph_registered", py::make_tuple(bytesOfId(*id), py::bytes(graph)));
+      return;
+    }
+    py::object error;
+    if (recovered(id.status(), attempt, error)) continue;
+    // The node refused the graph (an op it lacks): like a failed run.
+    Gil gil;
+    frontend::fail(*recording_, cut, isConnectionLoss(id.status()) ? -1 : opIndexOf(id.status()), error.ptr());
+    raise(error);
+  }
+}
+
+void DeviceRuntime::failCut(Cut& cut, const Status& status, py::object error) {
+  Gil gil;
+  if (isConnectionLoss(status)) {
+    frontend::fail(*recording_, cut, -1, error.ptr());
+    raise(error);
+  }
+  // An earlier asynchronous run that failed is likely the cause (this cut may read what it
+  // would have made): that one is raised, and this cut is lost with it.
+  py::object failed = py::reinterpret_steal<py::object>(reapAsync({}));
+  if (failed) {
+    frontend::fail(*recording_, cut, -1, failed.ptr());
+    PyException_SetCause(failed.ptr(), error.release().ptr());
+    raise(failed);
+  }
+  frontend::fail(*recording_, cut, opIndexOf(status), error.ptr());
+  raise(error);
+}
+
+DeviceRuntime::Results DeviceRuntime::materialize(const std::vector<ValuePtr>& returned,
+                                                  const std::vector<ValuePtr>& described) {
+  recording_->drainDead();
+  Cut cut = prepare(returned, described);
+  CutRequest request = requestOf(cut);
+  Result<client::RunReply> reply = Status(StatusCode::kInternal, "not sent");
+  for (int attempt = 0;; ++attempt) {
+    {
+      Waiting waiting;
+      reply = connection().runGraphReply(request.run, request.payload());
+    }
+    if (reply) break;
+    py::object error;
+    if (recovered(reply.status(), attempt, error)) continue;
+    failCut(cut, reply.status(), std::move(error));
+  }
+  frontend::commit(*recording_, cut);
+  if (lineage) {
+    callPolicy("_ran", py::make_tuple(py::cast(&cut, py::return_value_policy::reference), py::none()));
+  }
+  reapAfterWait(cut.kept);
+  if (lineage) callPolicy("_prune_lineage", py::args());
+
+  Results out;
+  out.returned.resize(returned.size());
+  out.described.resize(described.size());
+  size_t next_returned = 0, next_described = 0;
+  for (size_t i = 0; i < cut.specs.size(); ++i) {
+    const frontend::OutputRow& row = cut.specs[i];
+    const frontend::Value* v = cut.spec_values[i].get();
+    auto place = [&](const std::vector<ValuePtr>& asked, auto& slots, const auto& result) {
+      for (size_t k = 0; k < asked.size(); ++k) {
+        if (asked[k].get() == v) slots[k] = result;
+      }
+    };
+    if (row.action == frontend::OutputAction::kReturn || row.action == frontend::OutputAction::kReturnAndKeep) {
+      if (next_returned >= reply->outputs.tensors.size()) {
+        Gil gil;
+        raise(errorClass("GenieError")("genie-node " + client_->address() +
+                                       " answered RunGraph with fewer returned outputs than asked for"));
+      }
+      place(returned, out.returned, tensorOf(reply->outputs, next_returned++));
+    } else if (row.action == frontend::OutputAction::kKeepAndDescribe) {
+      if (next_described >= reply->described.size()) {
+        Gil gil;
+        raise(errorClass("GenieError")("genie-node " + client_->address() +
+                                       " answered RunGraph with fewer described outputs than asked for"));
+      }
+      place(described, out.described, reply->described[next_described++].desc);
+    }
+  }
+  return out;
+}
+
+void DeviceRuntime::materializeAsync() {
+  if (static_cast<int64_t>(in_flight_.size()) >= max_in_flight) {
+    Gil gil;
+    PyObject* failed = reapAsync({});  // a full launch queue blocks the host, as CUDA's does
+    if (failed != nullptr) {
+      Py_XDECREF(deferred_);
+      deferred_ = failed;
+    }
+  }
+  recording_->drainDead();
+  auto defer = [this](py::handle error) {
+    Gil gil;
+    if (deferred_ == nullptr) deferred_ = py::reinterpret_borrow<py::object>(error).release().ptr();
+  };
+  Cut cut;
+  try {
+    cut = prepare({}, {});
+  } catch (python_error& e) {  // raised at the next request that waits
+    Gil gil;
+    e.restore();
+    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value != nullptr && traceback != nullptr) PyException_SetTraceback(value, traceback);
+    py::object error = py::reinterpret_steal<py::object>(value);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    if (error && PyErr_GivenExceptionMatches(error.ptr(), PyExc_KeyboardInterrupt)) raise(error);
+    if (error) defer(error);
+    return;
+  } catch (const c10::Error& e) {  // a cut that cannot be lowered: the RuntimeError Python sees
+    Gil gil;
+    defer(py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(std::string(e.what_without_backtrace())));
+    return;
+  }
+  CutRequest request = requestOf(cut);
+  for (const auto& spec : request.run.outputs) {
+    TORCH_CHECK(spec.action == wire::OutputAction::KeepResident,
+                "an asynchronous run can only keep outputs resident (", spec.value, ")");
+  }
+  Result<uint64_t> id = Status(StatusCode::kInternal, "not sent");
+  for (int attempt = 0;; ++attempt) {
+    id = connection().runGraphAsync(request.run, request.payload());
+    if (id) break;
+    py::object error;
+    if (recovered(id.status(), attempt, error)) continue;
+    Gil gil;
+    frontend::fail(*recording_, cut, isConnectionLoss(id.status()) ? -1 : opIndexOf(id.status()), error.ptr());
+    defer(error);
+    return;
+  }
+  frontend::commit(*recording_, cut);
+  in_flight_[*id] = cut.kept;
+  if (lineage) {
+    callPolicy("_ran", py::make_tuple(py::cast(&cut, py::return_value_policy::reference), *id));
+  }
+}
+
+void DeviceRuntime::runPending() {
+  if (static_cast<int64_t>(recording_->pending().size()) >= recording_->max_pending) {
+    materialize({}, {});
+  } else if (recording_->wantsRun()) {
+    materializeAsync();
+  }
+}
+
+PyObject* DeviceRuntime::reapAsync(const std::vector<ValuePtr>& sent_after) {
+  PyObject* first = deferred_;
+  deferred_ = nullptr;
+  if (in_flight_.empty() || !client_) {
+    in_flight_.clear();
+    return first;
+  }
+  std::vector<client::AsyncFailure> failures;
+  {
+    Waiting waiting;
+    failures = client_->takeAsyncFailures(/*wait=*/true);
+  }
+  if (!failures.empty()) {
+    const client::AsyncFailure* failed = &failures[0];
+    for (const auto& f : failures) {
+      if (f.request_id < failed->request_id) failed = &f;  // request ids grow in send order
+    }
+    py::object error = errorOf(failed->status, client_->address());
+    if (lineage) callPolicy("_runs_failed_after", py::make_tuple(failed->request_id));
+    auto poison = [&](const std::vector<ValuePtr>& kept) {
+      for (const ValuePtr& v : kept) v->setError(error.ptr());  // the handle stays: freed when the tensor dies
+    };
+    for (const auto& [request_id, kept] : in_flight_) {
+      if (request_id >= failed->request_id) poison(kept);
+    }
+    poison(sent_after);
+    if (first == nullptr) first = error.release().ptr();
+  }
+  in_flight_.clear();
+  return first;
+}
+
+void DeviceRuntime::reapAfterWait(const std::vector<ValuePtr>& sent_after) {
+  if (!busy()) return;
+  Gil gil;
+  py::object failed = py::reinterpret_steal<py::object>(reapAsync(sent_after));
+  if (failed) raise(failed);
+}
+
+std::optional<at::Tensor> DeviceRuntime::fetch(const at::Tensor& tensor) {
+  frontend::LazyState* state = frontend::lazyState(tensor);
+  if (state == nullptr || reads_in_python || lineage || tensor.is_quantized()) return std::nullopt;
+  ValuePtr value = state->value();
+  if (!value || value->lost()) return std::nullopt;  // Python raises its error
+  at::Tensor out;
+  if (!busy()) {  // with runs in flight, their failures are reported at reads: no host answers
+    at::Tensor host = frontend::hostValue(*value);
+    if (host.defined()) {
+      out = host.clone();  // the program may change what it read; the host copy stays
+    } else if (!frontend::hostLeaves(*value).empty()) {
+      return std::nullopt;  // small resident values to read whole first (genie.runtime.host_answer)
+    }
+  }
+  if (!out.defined()) {
+    if (!value->pending() && value->handle && !recording_->pendingWrites(value->storage.get())) {
+      const wire::Handle handle = *value->handle;
+      for (int attempt = 0;; ++attempt) {
+        Result<client::TensorBatch> batch = [&] {
+          Waiting waiting;
+          return connection().getTensors({&handle, 1});
+        }();
+        if (batch) {
+          out = tensorOf(*batch, 0);
+          break;
+        }
+        py::object error;
+        if (recovered(batch.status(), attempt, error)) continue;
+        Gil gil;
+        py::object failed = py::reinterpret_steal<py::object>(reapAsync({}));
+        if (failed) {
+          PyException_SetCause(failed.ptr(), error.release().ptr());
+          raise(failed);
+        }
+        raise(error);
+      }
+      reapAfterWait({});
+    } else {
+      out = std::move(materialize({value}, {}).returned.at(0));
+    }
+  }
+  // Same elements in another shape (a 0-dim value travels as [1]): the tensor's shape. Different
+  // element counts mean the meta kernel and the node's kernel disagree (native_batch_norm in
+  // eval mode); the node ran the op, so its result is what the program reads.
+  if (out.sizes() != tensor.sizes() && out.numel() == tensor.numel()) out = out.reshape(tensor.sizes());
+  return out;
+}
+
+// ---- bindings ---------------------------------------------------------------------------
+
+namespace {
+
+std::vector<ValuePtr> valuesOf(const py::sequence& values) {
+  std::vector<ValuePtr> out;
+  out.reserve(values.size());
+  for (py::handle v : values) out.push_back(py::cast<ValuePtr>(v));
+  return out;
+}
+
+py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
+
+/// Runs `f` holding the process lock, with a python_error raised as the Python exception it holds.
+template <typename F>
+auto locked(F&& f) {
+  try {
+    frontend::LockGuard lock;
+    return f();
+  } catch (python_error& e) {
+    e.restore();
+    throw py::error_already_set();
+  }
+}
+
+}  // namespace
+
+void bindDeviceRuntime(py::module_& m) {
+  py::class_<DeviceRuntime>(m, "DeviceRuntime", R"doc(One remote device's runtime in C++ (python/csrc/device_runtime.h):
+its Recording, its node's client, the asynchronous runs in flight. Each read is one call.)doc")
+      .def(py::init<frontend::RecordingPtr>(), py::arg("recording"))
+      .def("attach", [](DeviceRuntime& r, py::handle client) { r.attach(sharedClientOf(client)); }, py::arg("client"),
+           "Uses `client` (genie._C.Client: the session genie.connection opened) for this device's requests.")
+      .def("detach", [](DeviceRuntime& r) { locked([&] { r.detach(); }); },
+           "Drops the client (a lost connection, close); the runs in flight are forgotten.")
+      .def_property_readonly("attached", &DeviceRuntime::attached)
+      .def_readwrite("analyse_residency", &DeviceRuntime::analyse_residency,
+                     "A structure's first cut goes to the policy's _cut_taken (genie.semantics' residency).")
+      .def_readwrite("observe", &DeviceRuntime::observe, "Every cut goes to the policy's _cut_taken.")
+      .def_readwrite("lineage", &DeviceRuntime::lineage,
+                     "Graphs and runs go to the policy (_graph_registered, _ran, _runs_failed_after, _prune_lineage).")
+      .def_readwrite("reads_in_python", &DeviceRuntime::reads_in_python,
+                     "Every read goes to genie.transfers (progress bars of large reads).")
+      .def_readwrite("max_in_flight", &DeviceRuntime::max_in_flight,
+                     "Asynchronous runs outstanding before the program waits for them.")
+      .def("materialize", [](DeviceRuntime& r, py::sequence returned, py::sequence described) {
+        auto results = locked([&] { return r.materialize(valuesOf(returned), valuesOf(described)); });
+        py::list tensors, descs;
+        for (at::Tensor& t : results.returned) tensors.append(wrap(std::move(t)));
+        for (const auto& d : results.described) descs.append(describe(d));
+        return py::make_tuple(tensors, descs);
+      }, py::arg("returned"), py::arg("described"),
+         "materialize(returned: list[Value], described: list[Value]) -> (list[Tensor], list[(dtype, shape, strides, "
+         "offset)]): one request running the live pending graph; the host tensors of `returned` and the descriptors of "
+         "`described` (kept resident), in their orders. Raises a lost input's error, the node's GenieRemoteError, "
+         "GenieConnectionError.")
+      .def("materialize_async", [](DeviceRuntime& r) { locked([&] { r.materializeAsync(); }); },
+           "Sends the live pending graph as an asynchronous run; its errors are raised at the next request that waits.")
+      .def("run_pending", [](DeviceRuntime& r) { locked([&] { r.runPending(); }); },
+           "The pending graph passed max_pending (runs now) or async_chunk (an asynchronous run).")
+      .def("fetch", [](DeviceRuntime& r, const at::Tensor& t) -> py::object {
+        std::optional<at::Tensor> out = locked([&] { return r.fetch(t); });
+        if (!out) return py::none();
+        return wrap(std::move(*out));
+      }, py::arg("tensor"),
+         "fetch(tensor) -> Tensor | None: the device tensor's values on the host (one request at most); None when "
+         "Python reads it (lost, quantized, a read with a progress bar, small resident values to read first).")
+      .def("reap_async", [](DeviceRuntime& r, py::sequence sent_after) -> py::object {
+        PyObject* failed = locked([&] { return r.reapAsync(valuesOf(sent_after)); });
+        if (failed == nullptr) return py::none();
+        return py::reinterpret_steal<py::object>(failed);
+      }, py::arg("sent_after") = py::list(),
+         "Waits for the asynchronous runs; the first failure (its values, later runs' and `sent_after` lost with "
+         "it), or the deferred error, or None.")
+      .def("forget_in_flight", [](DeviceRuntime& r) { r.forgetInFlight(); },
+           "Forgets the runs in flight and the deferred error (a lost node, a fork).")
+      .def_property_readonly("busy", &DeviceRuntime::busy,
+                             "True while asynchronous runs are in flight or an error of one waits to be raised.")
+      .def_property_readonly("in_flight", &DeviceRuntime::inFlight,
+                             "The request ids of the asynchronous runs in flight, in send order.")
+      .def_property_readonly("deferred", [](const DeviceRuntime& r) -> py::object {
+        if (r.deferred() == nullptr) return py::none();
+        return py::reinterpret_borrow<py::object>(r.deferred());
+      }, "The error of an asynchronous run's preparation, raised at the next request that waits; or None.");
+  m.def("runtime_counters", [] {
+    const RuntimeCounters c = runtimeCounters();
+    py::dict out;
+    out["policy_calls"] = c.policy_calls;
+    out["gil_acquisitions"] = c.gil_acquisitions;
+    out["wait_ns"] = c.wait_ns;
+    out["requests"] = c.requests;
+    return out;
+  }, "runtime_counters() -> dict: process-wide counts: policy_calls (calls from C++ into genie.runtime), "
+     "gil_acquisitions (the GIL taken by the runtime and the recorder's kernel), wait_ns (waiting for replies, ns), "
+     "requests (requests that waited).");
+}
+
+}  // namespace genie::python

@@ -48,6 +48,8 @@ struct RuntimeCounters {
   int64_t gil_acquisitions = 0;  // times the runtime and the recorder's kernel took the GIL
   int64_t wait_ns = 0;           // time spent waiting for the node's replies (ns)
   int64_t requests = 0;          // requests that waited for a reply
+  int64_t cut_ns = 0;            // in the cut's passes (frontend/cut.h takeCut), ns
+  int64_t materialize_ns = 0;    // in materialize(), waits included, ns
 };
 RuntimeCounters runtimeCounters();
 /// Counts one GIL acquisition (the recorder's kernel's own, dispatch_kernel.cc).

@@ -13,6 +13,9 @@
 #include "bindings.h"
 #include "frontend/host_eval.h"
 #include "frontend/lock.h"
+#include "frontend/op_facts.h"
+#include "frontend/recorder.h"
+#include "frontend/shapes.h"
 #include "frontend/lazy_tensor.h"
 #include "wire_tensors.h"
 
@@ -167,6 +170,8 @@ CutRequest requestOf(const Cut& cut) {
   run.free = cut.frees;
   return out;
 }
+
+py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
 
 std::mutex g_registry_mutex;
 std::unordered_map<const frontend::Recording*, DeviceRuntime*> g_registry;
@@ -493,7 +498,7 @@ void DeviceRuntime::reapAfterWait(const std::vector<ValuePtr>& sent_after) {
 
 std::optional<at::Tensor> DeviceRuntime::fetch(const at::Tensor& tensor) {
   frontend::LazyState* state = frontend::lazyState(tensor);
-  if (state == nullptr || reads_in_python || lineage || tensor.is_quantized()) return std::nullopt;
+  if (state == nullptr || lineage || tensor.is_quantized()) return std::nullopt;
   ValuePtr value = state->value();
   if (!value || value->lost()) return std::nullopt;  // Python raises its error
   at::Tensor out;
@@ -539,6 +544,115 @@ std::optional<at::Tensor> DeviceRuntime::fetch(const at::Tensor& tensor) {
   return out;
 }
 
+// ---- uploads ----------------------------------------------------------------------------
+
+std::optional<at::Tensor> DeviceRuntime::upload(const at::Tensor& host, uint8_t residency, const at::Tensor& source,
+                                                std::optional<at::ScalarType> dtype,
+                                                std::optional<at::MemoryFormat> format) {
+  if (!host.defined() || !host.is_cpu() || host.layout() != c10::kStrided || host.is_quantized()) {
+    return std::nullopt;
+  }
+  const at::ScalarType type = dtype.value_or(host.scalar_type());
+  at::Tensor data;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    data = host.detach();
+    if (type != data.scalar_type()) data = data.to(type);
+    if (format && *format != at::MemoryFormat::Preserve) data = data.contiguous(*format);
+  }
+  const bool converted = type != host.scalar_type() || (format && *format != at::MemoryFormat::Preserve);
+  const int64_t nbytes = data.numel() * static_cast<int64_t>(data.element_size());
+  frontend::ValuePtr value;
+  if (residency != frontend::kWeight && nbytes <= frontend::kInlineUploadBytes) {
+    at::Tensor snapshot;  // as eager copies now
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      snapshot = data.clone(at::MemoryFormat::Preserve);
+      if (!snapshot.is_non_overlapping_and_dense()) snapshot = snapshot.contiguous();
+    }
+    static const c10::OperatorHandle alias = c10::Dispatcher::singleton().findSchemaOrThrow("aten::alias", "");
+    const frontend::OutputSpec spec{c10::make_intrusive<frontend::Storage>(), type};
+    frontend::NodePtr node = frontend::Node::make(alias, frontend::opFacts(alias), {snapshot}, spec, {});
+    value = node->outputs[0];
+    value->sizes.assign(snapshot.sizes().begin(), snapshot.sizes().end());
+    value->sized = true;
+    recording_->append(node);
+    if (frontend::keepsHostCopy(type, nbytes)) value->host = snapshot;
+    data = snapshot;
+  } else {
+    at::Tensor dense = data;
+    if (dense.storage_offset() != 0 || !dense.is_contiguous()) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      dense = dense.contiguous();
+    }
+    // Keyed by the source's host bytes when nothing was converted (tied weights are put once).
+    value = put(dense, residency, nullptr, converted ? at::Tensor() : (source.defined() ? source : host));
+    data = dense;
+  }
+  return frontend::makeLazy(value, frontend::Desc::of(data), recording_, nullptr);
+}
+
+frontend::ValuePtr DeviceRuntime::put(const at::Tensor& data, uint8_t residency, frontend::StoragePtr storage,
+                                      const at::Tensor& source) {
+  std::vector<int64_t> key;
+  if (residency == frontend::kWeight && source.defined() && source.has_storage()) {
+    const c10::StorageImpl* host = source.storage().unsafeGetStorageImpl();
+    key = {reinterpret_cast<int64_t>(host->data()), source.storage_offset(), static_cast<int64_t>(source.scalar_type()),
+           static_cast<int64_t>(source.unsafeGetTensorImpl()->version_counter().current_version()), source.dim()};
+    key.insert(key.end(), source.sizes().begin(), source.sizes().end());
+    key.insert(key.end(), source.strides().begin(), source.strides().end());
+    auto it = weights_.find(key);
+    if (it != weights_.end() && !it->second.storage.expired()) {
+      frontend::ValuePtr known = recording_->residentValue(it->second.handle);
+      if (known && !known->lost()) return known;
+    }
+  }
+  OutgoingTensor out = outgoingOf(data, "upload to remote_accelerator:" + std::to_string(recording_->device_index));
+  wire::TensorSlotArgs slot;
+  slot.handle = frontend::newHandle();
+  slot.desc = out.desc;
+  slot.residency = static_cast<wire::Residency>(residency);
+  if (!recording_->colocation_group.empty() && residency == frontend::kWeight) {  // the scheduler's hint (genie.placed)
+    slot.colocation = wire::ColocationArgs{recording_->colocation_group, recording_->colocation_bytes};
+  }
+  for (int attempt = 0;; ++attempt) {
+    Status status = [&] {
+      Waiting waiting;
+      return connection().putTensors({&slot, 1}, {out.bytes, out.nbytes});
+    }();
+    if (status) break;
+    py::object error;
+    if (recovered(status, attempt, error)) continue;
+    Gil gil;
+    raise(error);  // no report of failed runs here: the handle would leak
+  }
+  auto value = c10::make_intrusive<frontend::Value>(storage ? std::move(storage) : c10::make_intrusive<frontend::Storage>(),
+                                                    data.scalar_type(), 0, nullptr);
+  value->handle = slot.handle;
+  value->residency = residency;
+  value->sizes.assign(data.sizes().begin(), data.sizes().end());
+  value->sized = true;
+  recording_->noteResident(value);
+  if (frontend::keepsHostCopy(data.scalar_type(), static_cast<int64_t>(out.nbytes))) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    value->host = data.clone();
+  }
+  if (lineage) {
+    Gil gil;
+    callPolicy("_put", py::make_tuple(bytesOfId(slot.handle), wrap(data), static_cast<int>(residency)));
+  }
+  if (!key.empty()) {
+    if (weights_.size() >= 4096) {  // forget the weights whose host storage or value is gone
+      for (auto it = weights_.begin(); it != weights_.end();) {
+        it = it->second.storage.expired() || !recording_->residentValue(it->second.handle) ? weights_.erase(it)
+                                                                                            : std::next(it);
+      }
+    }
+    weights_.insert_or_assign(key, PutWeight{source.storage().getWeakStorageImpl(), slot.handle});
+  }
+  return value;
+}
+
 // ---- bindings ---------------------------------------------------------------------------
 
 namespace {
@@ -549,8 +663,6 @@ std::vector<ValuePtr> valuesOf(const py::sequence& values) {
   for (py::handle v : values) out.push_back(py::cast<ValuePtr>(v));
   return out;
 }
-
-py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
 
 /// Runs `f` holding the process lock, with a python_error raised as the Python exception it holds.
 template <typename F>
@@ -580,8 +692,24 @@ its Recording, its node's client, the asynchronous runs in flight. Each read is 
       .def_readwrite("observe", &DeviceRuntime::observe, "Every cut goes to the policy's _cut_taken.")
       .def_readwrite("lineage", &DeviceRuntime::lineage,
                      "Graphs and runs go to the policy (_graph_registered, _ran, _runs_failed_after, _prune_lineage).")
-      .def_readwrite("reads_in_python", &DeviceRuntime::reads_in_python,
-                     "Every read goes to genie.transfers (progress bars of large reads).")
+      .def_readwrite("transfers_in_python", &DeviceRuntime::transfers_in_python,
+                     "Reads and uploads go to genie.transfers (progress bars of module moves and large reads).")
+      .def("upload", [](DeviceRuntime& r, const at::Tensor& host, int residency, py::object source) -> py::object {
+        at::Tensor src = source.is_none() ? at::Tensor() : THPVariable_Unpack(source.ptr());
+        std::optional<at::Tensor> out = locked([&] { return r.upload(host, static_cast<uint8_t>(residency), src); });
+        if (!out) return py::none();
+        return wrap(std::move(*out));
+      }, py::arg("host"), py::arg("residency"), py::arg("source") = py::none(),
+         "upload(host, residency, source=None) -> Tensor | None: `host` on this device as .to() makes it: inline with "
+         "the next run (an activation up to 64 KiB) or put on the node now (weights once per host bytes of `source`, "
+         "or of `host`); None when Python moves it.")
+      .def("put", [](DeviceRuntime& r, const at::Tensor& data, int residency, py::object storage, py::object source) {
+        frontend::StoragePtr s = storage.is_none() ? frontend::StoragePtr() : storage.cast<frontend::StoragePtr>();
+        at::Tensor src = source.is_none() ? at::Tensor() : THPVariable_Unpack(source.ptr());
+        return locked([&] { return r.put(data, static_cast<uint8_t>(residency), std::move(s), src); });
+      }, py::arg("data"), py::arg("residency"), py::arg("storage") = py::none(), py::arg("source") = py::none(),
+         "put(data, residency, storage=None, source=None) -> Value: `data` put on the node now (one PutTensors), "
+         "resident on `storage` (None: a new one); a weight put before from `source`'s host bytes is not put again.")
       .def_readwrite("max_in_flight", &DeviceRuntime::max_in_flight,
                      "Asynchronous runs outstanding before the program waits for them.")
       .def("materialize", [](DeviceRuntime& r, py::sequence returned, py::sequence described) {

@@ -24,6 +24,8 @@
 #include <pybind11/pybind11.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/core/StorageImpl.h>
 
 #include <atomic>
 #include <cstdint>
@@ -76,7 +78,8 @@ class DeviceRuntime {
   bool analyse_residency = false;  // a structure's first cut goes to policy._cut_taken
   bool observe = false;            // every cut goes to policy._cut_taken
   bool lineage = false;            // graphs and runs go to policy._graph_registered / _ran
-  bool reads_in_python = false;    // every read goes to genie.transfers (progress bars)
+  /// The recorder's kernel hands reads and uploads to genie.transfers (progress bars).
+  bool transfers_in_python = false;
   int64_t max_in_flight = 32;      // asynchronous runs outstanding before the program waits
 
   /// One request: runs the live pending graph. Returns the host tensors of `returned` and the
@@ -95,9 +98,28 @@ class DeviceRuntime {
   /// (an asynchronous run).
   void runPending();
   /// `tensor`'s values on the host, as genie.runtime.Runtime.fetch gives them; nullopt when
-  /// Python must read it (a lost value, quantized, a read in slices with a progress bar, small
-  /// resident leaves to read for host evaluation).
+  /// Python must read it (a lost value, quantized, lineage on, small resident leaves to read
+  /// for host evaluation).
   std::optional<at::Tensor> fetch(const at::Tensor& tensor);
+  // ---- uploads: the one path from host memory to the node ----
+
+  /// `host` (a CPU strided tensor with a wire dtype) as a new tensor on this device, as
+  /// `.to(device)` makes it: converted on the host first when `dtype` or `format` asks; an
+  /// activation up to kInlineUploadBytes travels inline with the next run (a snapshot, recorded
+  /// as aten::alias), anything else is put on the node now (put). `source`: the program's tensor
+  /// whose bytes `host` holds (tied weights are put once), or undefined. nullopt for a quantized
+  /// tensor (its integer representation travels: genie.transfers) or one not strided on the CPU.
+  std::optional<at::Tensor> upload(const at::Tensor& host, uint8_t residency, const at::Tensor& source,
+                                   std::optional<at::ScalarType> dtype = std::nullopt,
+                                   std::optional<at::MemoryFormat> format = std::nullopt);
+  /// Puts `data` on the node now (one PutTensors) and returns its resident value, on `storage`
+  /// (nullptr: a new one). A weight carries the recording's co-location group. With `source`
+  /// defined, a weight whose host bytes were put before (`source`'s storage, offset, sizes,
+  /// strides, dtype and version, while that storage lives) gets the value already resident.
+  /// Raises (python_error) the node's error or a connection error.
+  frontend::ValuePtr put(const at::Tensor& data, uint8_t residency, frontend::StoragePtr storage,
+                         const at::Tensor& source = at::Tensor());
+
   /// True while asynchronous runs are in flight or an asynchronous error waits to be raised.
   bool busy() const { return !in_flight_.empty() || deferred_ != nullptr; }
   /// Waits for the runs in flight and returns the first failure (or the deferred error) as a
@@ -130,6 +152,13 @@ class DeviceRuntime {
   frontend::RecordingPtr recording_;
   std::shared_ptr<client::Client> client_;
   std::map<uint64_t, std::vector<frontend::ValuePtr>> in_flight_;  // request id -> values it keeps
+  /// Weights put from host bytes: (storage address, offset, sizes, strides, dtype, version) ->
+  /// (the host storage, weakly; the handle).
+  struct PutWeight {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    wire::Handle handle;
+  };
+  std::map<std::vector<int64_t>, PutWeight> weights_;
   PyObject* deferred_ = nullptr;  // an asynchronous error raised at the next wait (strong ref)
 };
 

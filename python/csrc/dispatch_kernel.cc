@@ -207,7 +207,7 @@ bool readWithoutPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     if (!args[2].isNone() && args[2].toLayout() != c10::kStrided) return false;
   }
   DeviceRuntime* runtime = DeviceRuntime::of(&state->recording());
-  if (runtime == nullptr) return false;
+  if (runtime == nullptr || runtime->transfers_in_python) return false;
   std::optional<at::Tensor> out;
   {
     frontend::LockGuard lock;
@@ -228,21 +228,61 @@ bool readWithoutPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   return true;
 }
 
-/// Whether `op` with these arguments is aten::_to_copy of a host tensor that is not an
-/// nn.Parameter (those are uploaded as weights by genie.uploads): the recorder may then upload it
-/// inline. Takes the GIL (not the process lock) to read the tensor's Python type.
-bool mayUploadInline(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  static const c10::OperatorHandle to_copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "");
-  if (op != to_copy) return false;
-  const c10::IValue& self = stack[stack.size() - op.schema().arguments().size()];
-  if (!self.isTensor() || !self.toTensor().defined() || !self.toTensor().is_cpu()) return false;
+/// Whether `tensor` (a host tensor) is an nn.Parameter: put on the node as a weight. Takes the
+/// GIL (not the process lock) to read its Python type.
+bool isParameter(const at::Tensor& tensor) {
   py::gil_scoped_acquire gil;
   countGilAcquisition();
-  PyObject* obj = THPVariable_Wrap(self.toTensor());
+  PyObject* obj = THPVariable_Wrap(tensor);
   if (obj == nullptr) throwPythonError();
   const bool parameter = PyObject_IsInstance(obj, ParameterClass) == 1;
   Py_DECREF(obj);
-  return !parameter;
+  return parameter;
+}
+
+/// aten::_to_copy of a host tensor to a remote device whose runtime exists, by the device
+/// runtime's upload path (DeviceRuntime::upload) without Python. False when Python must take it
+/// (the stack is then untouched): another op, progress bars on, a quantized or non-strided
+/// tensor, pinning asked, a device used for the first time.
+bool uploadWithoutPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle to_copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "");
+  if (op != to_copy) return false;
+  const size_t n = op.schema().arguments().size();
+  const c10::IValue* args = stack->data() + (stack->size() - n);
+  // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+  if (!args[0].isTensor() || args[3].isNone()) return false;
+  const at::Tensor& src = args[0].toTensor();
+  const c10::Device device = args[3].toDevice();
+  if (!src.defined() || !src.is_cpu() || src.layout() != c10::kStrided || src.is_quantized() ||
+      device.type() != c10::DeviceType::PrivateUse1) {
+    return false;
+  }
+  if ((!args[2].isNone() && args[2].toLayout() != c10::kStrided) || (!args[4].isNone() && args[4].toBool())) {
+    return false;
+  }
+  const int index = device.index() >= 0 ? device.index() : currentDevice();
+  frontend::Recording* recording = frontend::recordingFor(index);
+  DeviceRuntime* runtime = recording != nullptr ? DeviceRuntime::of(recording) : nullptr;
+  if (runtime == nullptr || runtime->transfers_in_python) return false;
+  const uint8_t residency = isParameter(src) ? frontend::kWeight : frontend::kActivation;
+  std::optional<at::Tensor> out;
+  {
+    frontend::LockGuard lock;
+    out = runtime->upload(src, residency, src, args[1].toOptional<at::ScalarType>(),
+                          args[6].toOptional<at::MemoryFormat>());
+  }
+  if (!out) return false;
+  const bool wants = [&] {
+    frontend::LockGuard lock;
+    return recording->wantsRun();
+  }();
+  torch::jit::drop(*stack, n);
+  stack->push_back(std::move(*out));
+  if (wants) {
+    frontend::LockGuard lock;
+    runtime->runPending();
+  }
+  return true;
 }
 
 /// Time spent in the kernel (outermost calls), when timing is on (perf/bench_capture.py).
@@ -272,9 +312,8 @@ void recordBoxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void recordBoxedUntimed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  frontend::CallOptions options;
-  options.inline_upload = mayUploadInline(op, *stack);
-  Recorded recorded = frontend::record(op, *stack, options);
+  if (uploadWithoutPython(op, stack)) return;
+  Recorded recorded = frontend::record(op, *stack, frontend::CallOptions{});
   if (recorded.outcome == Outcome::kPython && readWithoutPython(op, stack)) return;
   switch (recorded.outcome) {
     case Outcome::kRecorded:

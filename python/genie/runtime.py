@@ -72,10 +72,9 @@ class Runtime(Connection, Uploads, RngOps):
         self.native.max_in_flight = self.max_in_flight
         self.native.analyse_residency = _residency_analysis is not None
         self.native.observe = _cut_observer is not None
-        self.native.reads_in_python = progress.enabled()  # large reads in slices, with a bar
+        self.native.transfers_in_python = progress.enabled()  # module moves and large reads, with bars
         Connection.__init__(self, connect, keep_host_copy)
         self.native.lineage = self.lineage is not None
-        Uploads.__init__(self)
         RngOps.__init__(self)
 
     def _check_not_forked(self) -> None:
@@ -155,6 +154,9 @@ class Runtime(Connection, Uploads, RngOps):
         if _cut_observer is not None:
             _cut_observer(self.device, cut.nodes, outputs)
 
+    def _put(self, handle: bytes, data: torch.Tensor, residency: int) -> None:
+        self.lineage.put([(handle, data, residency)])
+
     def _graph_registered(self, graph_id: bytes, graph_bytes: bytes) -> None:
         self.lineage.graph(graph_id, graph_bytes)
 
@@ -201,11 +203,11 @@ class Runtime(Connection, Uploads, RngOps):
         asynchronous runs are in flight (their failures are reported at reads); so is one it
         can compute from small resident values, which are then read whole in one request and
         kept as their host copies (`host_answer`)."""
-        out = self.native.fetch(tensor)  # in C++: no Python on the way
-        if out is not None:
-            return out
         if progress.large_read(tensor):
             return self._read_in_slices(tensor)
+        out = self.native.fetch(tensor)  # in C++ (what the recorder's kernel calls for a read)
+        if out is not None:
+            return out
         value = self.value_of(tensor)
         host = self.host_answer(value)
         if host is not None:

@@ -114,3 +114,22 @@ def test_asynchronous_runs_are_sent_from_cpp_and_their_failures_reported_at_the_
     after = _C.runtime_counters()
     assert after["policy_calls"] == before["policy_calls"]  # sent by the recorder's kernel, in C++
     assert genie.client_stats()["async_runs"] >= sent + 2
+
+
+def test_module_to_puts_each_weight_once_without_python():
+    """`module.to(device)` moves each parameter through the recorder's kernel into the C++
+    runtime's upload path: no call into Python, one PutTensors per distinct weight (a tied weight
+    once), and the device copies read back as the host's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32, bias=False))
+    model[1].weight = model[0].weight  # tied, as GPT-2's lm_head and wte
+    expected = [p.detach().clone() for p in model.parameters()]
+    genie.synchronize()
+    before, stats = _C.runtime_counters(), genie.client_stats()
+    model.to(DEV)
+    after, stats_after = _C.runtime_counters(), genie.client_stats()
+    assert stats_after["ops_handled_python"] == stats["ops_handled_python"]
+    assert after["policy_calls"] == before["policy_calls"]
+    assert after["requests"] - before["requests"] == 1  # the tied weight once
+    assert model[1].weight is model[0].weight
+    assert [torch.equal(p.cpu(), e) for p, e in zip(model.parameters(), expected)] == [True]

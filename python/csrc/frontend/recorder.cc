@@ -353,48 +353,6 @@ std::vector<c10::IValue> emit(const c10::OperatorHandle& op, const OpFacts& fact
   return results;
 }
 
-/// aten::_to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format) of a
-/// small host tensor to the device: `aten::alias` of a host snapshot (converted on the host as
-/// the call asks), which travels inline with the next run. nullopt when the call is not such an
-/// upload or the device's runtime does not exist yet.
-std::optional<std::vector<c10::IValue>> uploadInline(const c10::IValue* first, size_t n, Recorded& recorded) {
-  if (n != 7 || !first[0].isTensor() || !first[3].isDevice()) return std::nullopt;
-  const at::Tensor& src = first[0].toTensor();
-  const c10::Device device = first[3].toDevice();
-  if (!src.defined() || !src.is_cpu() || src.layout() != c10::kStrided || src.is_quantized() ||
-      device.type() != c10::DeviceType::PrivateUse1) {
-    return std::nullopt;  // a quantized tensor: its integer representation travels (genie.transfers)
-  }
-  if ((first[2].isInt() && static_cast<c10::Layout>(first[2].toInt()) != c10::kStrided) ||
-      (first[4].isBool() && first[4].toBool())) {
-    return std::nullopt;
-  }
-  const auto dtype = first[1].isInt() ? static_cast<at::ScalarType>(first[1].toInt()) : src.scalar_type();
-  if (src.numel() * static_cast<int64_t>(c10::elementSize(dtype)) > kInlineUploadBytes) return std::nullopt;
-  const int index = device.index() >= 0 ? device.index()
-                                        : c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
-  Recording* rec = recordingFor(index);
-  if (rec == nullptr) return std::nullopt;
-  at::Tensor host;
-  {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto format = first[6].isInt() ? static_cast<at::MemoryFormat>(first[6].toInt()) : at::MemoryFormat::Preserve;
-    host = src.detach().to(dtype).clone(format);  // a snapshot, as eager copies now
-    if (!host.is_non_overlapping_and_dense()) host = host.contiguous();
-  }
-  static const c10::OperatorHandle alias = c10::Dispatcher::singleton().findSchemaOrThrow("aten::alias", "");
-  const OutputSpec spec{c10::make_intrusive<Storage>(), dtype};
-  NodePtr node = Node::make(alias, opFacts(alias), {host}, spec, {});
-  node->outputs[0]->sizes.assign(host.sizes().begin(), host.sizes().end());
-  node->outputs[0]->sized = true;
-  rec->append(node);
-  if (keepsHostCopy(dtype, host.numel() * static_cast<int64_t>(host.element_size()))) node->outputs[0]->host = host;
-  at::Tensor out = makeLazy(node->outputs[0], Desc::of(host), RecordingPtr::reclaim_copy(rec), nullptr);
-  recorded.fresh.push_back(out);
-  recorded.recording = rec;
-  return std::vector<c10::IValue>{out};
-}
-
 /// The same-value views (detach, alias, lift_fresh): a new tensor on the value of args[0].
 std::optional<std::vector<c10::IValue>> sameValue(const c10::IValue* first, Recorded& recorded) {
   if (!first[0].isTensor()) return std::nullopt;
@@ -432,13 +390,6 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
         if (!same) return recorded;
         results = std::move(*same);
         break;  // nothing recorded: the pending graph did not grow
-      }
-      if (route == Route::kToCopy && options.inline_upload) {
-        if (auto uploaded = uploadInline(first, n, recorded)) {
-          results = std::move(*uploaded);
-          recorded.wants_run = recorded.recording->wantsRun();
-          break;
-        }
       }
       if (!recordsHere(route, first, n)) return recorded;
       if (facts->warns && !inferred) warnAsEager(*facts, first, n);  // once: a miss walks again

@@ -12,10 +12,9 @@
 //     shares its argument's storage; an in-place or out= op returns the very tensor it wrote,
 //     rebound to the node's output (and resized when an out= op resized it); a seeded op writes
 //     the device's generator.
-// A small host tensor moved to the device (`x.to(device)`, at most kInlineUploadBytes, not a
-// parameter) is recorded too: as `aten::alias` of a snapshot that travels inline with the next
-// run, converted on the host first when the call converts it (dtype, memory format).
-// Python (genie.recorder) takes what this does not: other data movement between host and device,
+// Data movement between host and device is the device runtime's (python/csrc/device_runtime.h:
+// uploads, reads), which the kernel calls before this; Python (genie.recorder) takes what
+// neither does: the rest of the data movement (quantized tensors, progress bars, node to node),
 // reads, ops whose outputs only the node can describe (no meta kernel, data-dependent shapes),
 // ops returning Python scalars, compatibility ops, and ops outside aten/prims/genie (Python
 // custom ops). Ops PyTorch would decompose (CompositeImplicitAutograd, reached only under
@@ -51,10 +50,6 @@ struct CallOptions {
   std::vector<int> host_args;
   /// Called from genie.recorder, which decided already: record the op as it is (no routing).
   bool from_python = false;
-  /// aten::_to_copy of a host tensor to the device may be recorded as an inline upload (the
-  /// kernel checked that the tensor is not an nn.Parameter, which is put on the node as a
-  /// weight by genie.uploads).
-  bool inline_upload = false;
 };
 
 struct Recorded {

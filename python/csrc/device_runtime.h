@@ -97,9 +97,10 @@ class DeviceRuntime {
   /// The recorder's turn: the pending graph passed max_pending (runs now) or async_chunk nodes
   /// (an asynchronous run).
   void runPending();
-  /// `tensor`'s values on the host, as genie.runtime.Runtime.fetch gives them; nullopt when
-  /// Python must read it (a lost value, quantized, lineage on, small resident leaves to read
-  /// for host evaluation).
+  /// `tensor`'s values on the host, in one request at most: host evaluation's answer (after
+  /// reading the small resident values it needs whole, once), the resident value's bytes
+  /// (GetTensors), or materialize(). nullopt when Python must read it (a lost value: its error;
+  /// quantized; lineage on).
   std::optional<at::Tensor> fetch(const at::Tensor& tensor);
   // ---- uploads: the one path from host memory to the node ----
 
@@ -147,6 +148,8 @@ class DeviceRuntime {
   bool recovered(const Status& status, int attempt, py::object& error);
   [[noreturn]] void failCut(frontend::Cut& cut, const Status& status, py::object error);
   void registerGraph(frontend::Cut& cut);
+  /// GetTensors of `handles`, with the recovery loop; raises as materialize().
+  std::vector<at::Tensor> get(const std::vector<wire::Handle>& handles);
   void reapAfterWait(const std::vector<frontend::ValuePtr>& sent_after);
 
   frontend::RecordingPtr recording_;

@@ -7,6 +7,10 @@
 // Handles and graph ids cross as 16 bytes (bindings.h). Every call that reads or changes a
 // recording expects the caller to hold the process lock (genie.lazy.lock), as genie.runtime's
 // entry points do.
+//
+// Over 600 lines: one function, bindFrontend, registering these classes and functions with their
+// docstrings; the conversions at its top (handle bytes, dtypes, node arguments, a Cut's request)
+// serve all of them, so splitting it would scatter one module's bindings and their conversions.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 // pybind11 first: it includes Python.h, which torch's Python headers expect.

@@ -8,8 +8,10 @@
 //   anything else                       -> GenieError
 // Argument mistakes raise TypeError / ValueError before anything is sent.
 //
-// This file and graph_encoder.cc are the extension's only pybind11 + torch translation
-// units (compile time). No spdlog here: torch ships its own fmt (genie/log.h is safe).
+// No spdlog here: torch ships its own fmt (genie/log.h is safe).
+//
+// Over 600 lines: the Client binding (every request of genie::client with its argument checks,
+// conversions and docstrings) and the module's init, which adds every file's bindings.
 #include <array>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -1,3 +1,8 @@
+// Client (genie/client/client.h): the C++ client of genie-node, one connection and one session.
+//
+// Over 600 lines: Client::Impl (the pending-request table, reply matching, failures, Goodbye,
+// asynchronous runs) and the Client's calls, one per request body; every call goes through
+// Impl::call and that one table, so the two halves are one unit.
 #include "genie/client/client.h"
 
 #include <sched.h>

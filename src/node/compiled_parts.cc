@@ -1,3 +1,8 @@
+// CompiledParts (compiled_parts.h): genie::call_graph's parts, their packages, the compile thread.
+//
+// Over 600 lines: the call side (partFor, call, runWithGraph: session threads) and the compile
+// thread (compileLoop, build: worker process, disk cache, eviction) share the Part table and each
+// Part's state under mutex_: a call queues a part, the compile thread makes it ready or failed.
 #include "compiled_parts.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,8 @@
+// Executor (genie/node/executor.h) and the genie:: operators it adds to the dispatcher.
+//
+// Over 600 lines: compile() and run() are two halves of one representation, BoundArgument,
+// defined only here: the Binder maps each wire argument onto its schema argument once, and run()
+// builds the IValue stacks from what it made, so splitting them would split that format.
 #include "genie/node/executor.h"
 
 #include "genie/torch/sparse_ops.h"

@@ -1,3 +1,8 @@
+// Session (session.h): one client's session on genie-node, its thread and its requests.
+//
+// Over 600 lines: one class: its request loop and a handler per request body (puts, gets, graph
+// registration and runs, sends to peers, attached puts), all on the session's thread over its
+// TensorStore and endpoint, sharing the tensor and payload helpers at the top of the file.
 #include "session.h"
 
 #include <ATen/ATen.h>

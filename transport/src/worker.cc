@@ -1,3 +1,8 @@
+// Worker and Listener (genie/transport/worker.h): a UCX context and worker, progress, endpoints.
+//
+// Over 600 lines: one class over one ucp_worker that only the progress thread touches; its
+// active-message dispatch, lifecycle, progress and drive(), endpoints (liveness ticks, closes,
+// connect, accept) and Listener all work on the same endpoint table and task queues there.
 #include "genie/transport/worker.h"
 
 #include <arpa/inet.h>

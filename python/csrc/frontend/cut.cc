@@ -1,3 +1,8 @@
+// The passes of cut.h: liveness, lowering, the wire graph, scalar lifting and the request.
+//
+// Over 600 lines: one pipeline whose passes read the one before's output: `Lowered` (its value
+// numbering, inputs and liftable numbers) is what encodeGraph, GraphCache and takeCut all index
+// by, so the passes stay together in the order cut.h lists them.
 #include "frontend/cut.h"
 
 #include <flatbuffers/flatbuffers.h>

@@ -1,3 +1,8 @@
+// Eager's errors and warnings, checked on the client (frontend/eager_checks.h).
+//
+// Over 600 lines: every way the client raises or warns as eager does: the per-op checks (the
+// `checks` table, whose warn functions warnAsEager reuses), the CPU probe (ProbeTensors) behind
+// raiseAsEager, checkUnusualOnCpu and quantizedShapes, and the index-value checks.
 #include "frontend/eager_checks.h"
 
 #include <ATen/core/List.h>

@@ -31,6 +31,10 @@ value order: `SemGraph.shapes` when the graph's ops are in the entry's order), c
 
 Counters (`stats()`): hits, misses, collisions per level; latency (µs, the whole `analyze`
 call, keys included) of full hits, of level-1 hits that miss level 2, and of misses.
+
+Over 600 lines: the structure keys (WL hash, canonical form), the entries and `AnalysisCache`,
+and `Annotated` with its placement groups (`to_groups`) share the private entry types: an
+`Annotated` is a level-1 and a level-2 entry read through the `_Mapping` the canonical form gave.
 """
 from __future__ import annotations
 

@@ -27,6 +27,10 @@ Builders: `GraphBuilder` (incremental: `input`, `op`, `build`), `SemGraph.from_n
 list with op names, input/output ids, shapes and attrs, for adapters from other IRs),
 `from_fx` (aten-level FX graphs whose nodes carry ``meta["val"]``: `make_fx`, AOTAutograd,
 `torch.export`) and `capture` (traces a callable on CPU tensors and modules with fake tensors).
+
+Over 600 lines: the records and every builder of them: `SemGraph.from_nodes` and `from_fx` build
+through `GraphBuilder` and `capture` traces into `from_fx`, so all routes share one normalization
+of attributes and dtypes and one `Node.key` (`structural_key`), which the analysis cache hashes.
 """
 from __future__ import annotations
 

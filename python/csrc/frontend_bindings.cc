@@ -346,12 +346,6 @@ Values), `writes` (the Storages it mutates), `seq` (program order). Immutable.)d
       }, "The serialized wire Graph to register (scalar positions lifted).")
       .def("request", &requestOf, "(graph_id, bindings, scalars, specs, frees): Client.run_graph's arguments.")
       .def_property_readonly("spec_values", [](const Cut& c) { return c.spec_values; })
-      .def_property_readonly("spec_actions", [](const Cut& c) {
-        py::list out;
-        for (const auto& row : c.specs) out.append(static_cast<int>(row.action));
-        return out;
-      }, "The output action of each spec (genie.graph RETURN, KEEP, RETURN_AND_KEEP, KEEP_AND_DESCRIBE).")
-      .def_property_readonly("kept", [](const Cut& c) { return c.kept; })
       .def_property_readonly("weights", [](const Cut& c) {
         py::list out;
         for (const auto& input : c.lowered.inputs) {
@@ -368,8 +362,7 @@ Values), `writes` (the Storages it mutates), `seq` (program order). Immutable.)d
         } catch (const c10::Error&) {
           return py::none();
         }
-      }, "The wire value id of `value` in this cut's graph (an input or a node's output), or None.")
-      .def_property_readonly("num_inputs", [](const Cut& c) { return c.lowered.inputs.size(); });
+      }, "The wire value id of `value` in this cut's graph (an input or a node's output), or None.");
 
   py::class_<Recording, RecordingPtr>(m, "Recording", R"doc(One device's pending graph and the books of its
 values (python/csrc/frontend/recording.h). Call with the process lock held.)doc")
@@ -408,7 +401,6 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
                       r.log.clear();
                     })
       .def_property_readonly("log", [](const Recording& r) { return r.log; })
-      .def("wants_run", &Recording::wantsRun)
       .def("append_node", &appendNode, py::arg("func"), py::arg("args"), py::arg("kwargs"), py::arg("dtypes"),
            py::arg("writes") = std::vector<StoragePtr>{}, py::arg("storages") = std::nullopt,
            "append_node(func, args, kwargs, dtypes, writes=(), storages=None) -> Node: records an op the "
@@ -423,10 +415,6 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
       .def("note_dead", [](Recording& r, const ValuePtr& v) { r.noteDead(v); },
            "A tensor of `value` died (see Value.add_tensor).")
       .def("note_resident", &Recording::noteResident)
-      .def("resident_value", [](const Recording& r, py::bytes handle) -> py::object {
-        ValuePtr v = r.residentValue(idOf<wire::Handle>(handle, "resident_value"));
-        return v ? py::cast(v) : py::none();
-      })
       .def("take_frees", [](Recording& r, const std::vector<py::bytes>& in_use) {
         frontend::HandleSet set;
         for (const auto& h : in_use) set.insert(idOf<wire::Handle>(h, "take_frees"));
@@ -493,11 +481,7 @@ values (python/csrc/frontend/recording.h). Call with the process lock held.)doc"
         cut.prepared.graph_id = idOf<wire::GraphId>(graph_id, "registered");
         r.graphs().remember(cut.lowered, cut.prepared.lifted, *cut.prepared.graph_id);
       }, "The cut's graph was registered as `graph_id`.")
-      .def("commit", [](Recording& r, Cut& cut) { frontend::commit(r, cut); })
       .def("restore", [](Recording& r, Cut& cut) { frontend::restore(r, cut); })
-      .def("fail", [](Recording& r, Cut& cut, int64_t op_index, py::object error) {
-        frontend::fail(r, cut, op_index, error.ptr());
-      })
       .def("host_value", [](Recording& r, const ValuePtr& v) -> py::object {
         at::Tensor t = frontend::hostValue(*v);
         if (!t.defined()) return py::none();

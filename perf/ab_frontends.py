@@ -9,10 +9,10 @@ and ResNet-50 per run, GPT-2 per decode step), the device/local ratio measured i
 process, and the device time less the node's execution time (what Genie's client and the
 transport add; the node's compute drifts most on a shared VM).
 
-`--bench capture`: each round runs `perf/bench_capture.py` once per frontend, in the same
-alternation: the median over a GPT-2 decode step's ops of the µs to record one call (against
-eager's µs for the same call in the same process), and Genie's client time per decode step of
-`generate`.
+`--bench capture`: each round runs this checkout's `perf/bench_capture.py` once per frontend
+(one method for both), in the same alternation: the median over a GPT-2 decode step's ops of
+the µs to record one call (against eager's µs for the same call in the same process), and
+Genie's client time per decode step of `generate`.
 
 The report is the median over the rounds of B's and A's figures and of A/B per round.
 
@@ -44,7 +44,8 @@ def run_capture(python: list[str], root: pathlib.Path, repeat: int, env: dict) -
     captured/eager), "client time per step": (Genie's client seconds per decode step, that over
     the step's wall time)}."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([*python, str(root / "perf/bench_capture.py"), "--repeat", str(repeat), "--rounds", "3",
+        script = pathlib.Path(__file__).resolve().parent / "bench_capture.py"  # the same method for A and B
+        subprocess.run([*python, str(script), "--repeat", str(repeat), "--rounds", "3",
                         "--tokens", "16", "--json", out.name], check=True, env=env, capture_output=True, text=True,
                        timeout=1800)
         data = json.load(open(out.name))

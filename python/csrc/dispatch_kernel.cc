@@ -11,7 +11,7 @@
 // The kernel records the call in C++ (frontend/recorder.h), without the GIL. It takes the GIL
 // afterwards, with the process lock released, only when the pending graph passed its limit, to
 // let the runtime run it (genie.runtime). New tensors are plain torch.Tensors: PyTorch gives them
-// Python objects when they reach Python, as it does for any device. Calls the C++ recorder does not take go to genie.recorder.dispatch(func, args,
+// Python objects when they reach Python, as it does for any device. Calls the C++ recorder does not take go to genie.python_ops.dispatch(func, args,
 // kwargs) with the arguments as __torch_dispatch__ would get them: positional arguments up to
 // the last one that differs from its default, keyword-only ones that differ as kwargs, dtypes,
 // layouts and memory formats as their Python objects, wrapped numbers as numbers. Its results
@@ -19,7 +19,7 @@
 // itself (torch's python_error), also through the autograd engine's threads.
 //
 // genie._C.record_op(func, args, kwargs, host_args=()) is the same C++ recorder for
-// genie.recorder: the op as it is, without routing. genie._C.PartCall records a compiled part's
+// genie.python_ops: the op as it is, without routing. genie._C.PartCall records a compiled part's
 // genie::call_graph straight from the part's arguments (genie.compile): its capture knows the
 // inputs' geometry and the outputs', so the call skips the dispatcher and the plan cache, whose
 // per-tensor work on a part's hundreds of arguments (the weights) it would otherwise repeat.
@@ -56,9 +56,9 @@ using frontend::Recorded;
 
 namespace {
 
-/// genie.recorder's entry point (a strong reference, set once).
+/// genie.python_ops's entry point (a strong reference, set once).
 struct Entry {
-  PyObject* dispatch = nullptr;  // genie.recorder.dispatch(func, args, kwargs)
+  PyObject* dispatch = nullptr;  // genie.python_ops.dispatch(func, args, kwargs)
 };
 Entry g_entry;
 
@@ -132,7 +132,7 @@ void pushResults(const c10::FunctionSchema& schema, PyObject* out, torch::jit::S
   }
 }
 
-/// The call's arguments as (args, kwargs) for genie.recorder (with the GIL).
+/// The call's arguments as (args, kwargs) for genie.python_ops (with the GIL).
 std::pair<py::tuple, py::dict> pythonArguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const auto& arguments = schema.arguments();
   const size_t n = arguments.size();
@@ -156,7 +156,7 @@ std::pair<py::tuple, py::dict> pythonArguments(const c10::FunctionSchema& schema
   return {std::move(args), std::move(kwargs)};
 }
 
-/// genie.recorder.dispatch(func, args, kwargs): the calls the C++ recorder does not take.
+/// genie.python_ops.dispatch(func, args, kwargs): the calls the C++ recorder does not take.
 void recordInPython(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   frontend::countPython();
   py::gil_scoped_acquire gil;
@@ -535,8 +535,8 @@ error.)doc")
         frontend::setPythonOps(python_ops);
       },
       py::arg("dispatch"), py::arg("python_ops"),
-      "configure_recorder(dispatch, python_ops): genie.recorder.dispatch (the calls the C++ recorder does not "
-      "take) and the aten ops ('aten::name.overload') always handed to dispatch. genie.recorder calls it once at "
+      "configure_recorder(dispatch, python_ops): genie.python_ops.dispatch (the calls the C++ recorder does not "
+      "take) and the aten ops ('aten::name.overload') always handed to dispatch. genie.python_ops calls it once at "
       "import.");
   m.def("register_recorder_kernels", &registerKernels, py::arg("extra"),
         "register_recorder_kernels(extra: list[str]) -> int: registers the recorder as remote_accelerator's "
@@ -546,10 +546,10 @@ error.)doc")
   m.def("record_op", &recordOp, py::arg("func"), py::arg("args"), py::arg("kwargs"),
         py::arg("host_args") = std::vector<int>{},
         "record_op(func, args, kwargs, host_args=()) -> result | NotImplemented\n\n"
-        "Records the aten call `func(*args, **kwargs)` as it is (no routing to genie.recorder's handlers): its "
+        "Records the aten call `func(*args, **kwargs)` as it is (no routing to genie.python_ops's handlers): its "
         "result (LazyTensors as the schema returns them). `host_args`: argument indices where a host tensor is "
         "taken by design (its values are part of the plan's key). NotImplemented when the C++ recorder cannot "
-        "record it: an argument's value is lost (genie.recorder raises its error) or only the node can describe "
+        "record it: an argument's value is lost (genie.python_ops raises its error) or only the node can describe "
         "the outputs. Raises PyTorch's errors for invalid calls.");
   m.def("set_recorder_timing", [](bool on) { g_timing.store(on); },
         "set_recorder_timing(on): whether the PrivateUse1 kernel adds its time (outermost calls, the Python "
@@ -564,7 +564,7 @@ error.)doc")
     d["kernel_ns"] = g_kernel_ns.load();
     return d;
   }, "recorder_counters() -> {'cpp', 'python', 'rule', 'meta': int}: ops recorded by the C++ recorder and handed "
-     "to genie.recorder since the process started; plan-cache misses answered by a shape rule and by the meta "
+     "to genie.python_ops since the process started; plan-cache misses answered by a shape rule and by the meta "
      "kernel.");
 }
 

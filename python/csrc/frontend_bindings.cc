@@ -1,7 +1,7 @@
 // genie._C's view of the frontend's C++ layers (python/csrc/frontend): the IR (Node, Value,
 // Storage), a device's Recording with the passes that turn its pending graph into a RunGraph
 // (Cut), LazyTensor state, the process lock and host evaluation. genie.graph, genie.runtime and
-// genie.recorder are their Python users; the runtime layer keeps the policy (connections,
+// genie.python_ops are their Python users; the runtime layer keeps the policy (connections,
 // errors, recovery, asynchronous runs) and calls these for the mechanics.
 //
 // Handles and graph ids cross as 16 bytes (bindings.h). Every call that reads or changes a

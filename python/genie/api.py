@@ -94,7 +94,7 @@ def client_stats() -> dict:
     reply), `async_runs` (graphs sent without waiting), `node_exec_us` (the nodes' execution
     time of every answered graph, µs), `graphs_registered`, and how the ops on LazyTensors were
     handled since start: `ops_recorded_cpp` (recorded by the C++ recorder of the PrivateUse1
-    kernel), `ops_handled_python` (handed to genie.recorder: transfers between host and device,
+    kernel), `ops_handled_python` (handed to genie.python_ops: transfers between host and device,
     reads, data-dependent, scalar-returning and compatibility ops, Python custom ops)."""
     total = {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "round_trips": 0, "async_runs": 0,
              "node_exec_us": 0}

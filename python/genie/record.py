@@ -6,7 +6,7 @@ scalars past the dtype, a factory for a device used for the first time, and ops 
 shapes only the node knows (run now, their descriptors come back). `runtime_of` and
 `runtime_for` find the runtime of a tensor or a device through hooks genie.runtime installs
 (capture sits below the runtime layer, docs/frontend.md "Layers"). The recorder
-(genie.recorder) and its Python handlers (genie.transfers, genie.compat, genie.sparse) record
+(genie.python_ops) and its Python handlers (genie.transfers, genie.compat, genie.sparse) record
 through this module.
 """
 

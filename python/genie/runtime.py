@@ -45,7 +45,7 @@ import torch
 
 from . import _C, config, host_eval, progress  # noqa: F401 - host_eval: GENIE_HOST_EVAL applied at import
 from . import record as _record
-from . import recorder  # noqa: F401 - configures the C++ recorder's Python entry points at import
+from . import python_ops  # noqa: F401 - configures the C++ recorder's Python entry points at import
 from .connection import Connection
 from .errors import GenieConnectionError, GenieError
 from .graph import KEEP_AND_DESCRIBE, RETURN, RETURN_AND_KEEP, Value

@@ -182,7 +182,7 @@ def _dense_to_sparse(func, args, kwargs):
     return run_on_node(func, args, kwargs)
 
 
-# Ops of dense tensors whose output is sparse: the recorder hands them here (genie.recorder).
+# Ops of dense tensors whose output is sparse: the recorder hands them here (genie.python_ops).
 HANDLERS = {
     aten._to_sparse.default: _dense_to_sparse,
     aten._to_sparse.sparse_dim: _dense_to_sparse,

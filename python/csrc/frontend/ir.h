@@ -71,7 +71,7 @@ class Value final : public torch::CustomClassHolder {
   // ---- the IR ----
   const c10::intrusive_ptr<Storage> storage;
   /// The element type. Set when the value is made, except for an op whose outputs only the node
-  /// can describe (then set once from the node's answer, genie.recorder).
+  /// can describe (then set once from the node's answer, genie.python_ops).
   at::ScalarType dtype;
   const uint32_t index;  // output index in its producer
   /// The sizes, when known (`sized`): set when the value is made (the recorder's shape

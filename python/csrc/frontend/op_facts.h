@@ -5,7 +5,7 @@
 // value each argument is; whether it returns tensors at all, draws random numbers
 // (`nondeterministic_seeded`) or would decompose on the client (CompositeImplicitAutograd with
 // no remote_accelerator kernel: reached only under torch.inference_mode()); and how the
-// recorder routes it (recorded in C++, or handed to genie.recorder in Python).
+// recorder routes it (recorded in C++, or handed to genie.python_ops in Python).
 //
 // Read under the process lock (the cache is not otherwise synchronized).
 #pragma once
@@ -40,13 +40,13 @@ struct ReturnFacts {
 /// How the recorder takes an op (see the top of this file).
 enum class Route : uint8_t {
   kRecord,     // recorded in C++
-  kPython,     // genie.recorder (data movement, compatibility ops, ops outside aten/prims/genie)
+  kPython,     // genie.python_ops (data movement, compatibility ops, ops outside aten/prims/genie)
   kToCopy,     // aten::_to_copy: recorded when it stays on the source's device, else Python
   kCopy,       // aten::copy_: recorded between two tensors of one device, else Python
   kIndex,      // index.Tensor / index_put(_) / _index_put_impl_: recorded unless an index is a host tensor
   kSameValue,  // detach / alias / lift_fresh: a new tensor on the same value, nothing recorded
   kComposite,  // decomposed as PyTorch would (CompositeImplicitAutograd), then each op recorded
-  kScalar,     // returns no tensors (aten::equal): genie.recorder runs it now
+  kScalar,     // returns no tensors (aten::equal): genie.python_ops runs it now
 };
 
 struct OpFacts {
@@ -73,8 +73,8 @@ struct OpFacts {
 /// The facts of `op` (cached; under the process lock).
 const OpFacts& opFacts(const c10::OperatorHandle& op);
 
-/// Ops genie.recorder handles in Python ("aten::_local_scalar_dense", ...): routed kPython.
-/// Set once at import by genie.recorder (configure_recorder); ops already cached are updated in
+/// Ops genie.python_ops handles in Python ("aten::_local_scalar_dense", ...): routed kPython.
+/// Set once at import by genie.python_ops (configure_recorder); ops already cached are updated in
 /// place (nodes refer to their facts). Under the process lock.
 void setPythonOps(const std::vector<std::string>& names);
 

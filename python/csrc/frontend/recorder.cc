@@ -444,7 +444,7 @@ Recorded record(const c10::OperatorHandle& op, torch::jit::Stack& stack, const C
       if (std::optional<Shapes> eager = checkUnusualOnCpu(op, *facts, args)) adoptLayouts(*inferred, *eager);
       refuseUnsupported(*facts, args, *inferred);
     } catch (const NeedsNode&) {
-      return recorded;  // the node runs it now and describes its outputs (genie.recorder)
+      return recorded;  // the node runs it now and describes its outputs (genie.python_ops)
     }
   }
   if (!options.from_python) g_cpp.fetch_add(1, std::memory_order_relaxed);

@@ -13,7 +13,7 @@
 //     rebound to the node's output (and resized when an out= op resized it); a seeded op writes
 //     the device's generator.
 // Data movement between host and device is the device runtime's (python/csrc/device_runtime.h:
-// uploads, reads), which the kernel calls before this; Python (genie.recorder) takes what
+// uploads, reads), which the kernel calls before this; Python (genie.python_ops) takes what
 // neither does: the rest of the data movement (quantized tensors, progress bars, node to node),
 // reads, ops whose outputs only the node can describe (no meta kernel, data-dependent shapes),
 // ops returning Python scalars, compatibility ops, and ops outside aten/prims/genie (Python
@@ -37,7 +37,7 @@ namespace genie::frontend {
 /// What record() did with a call.
 enum class Outcome : uint8_t {
   kRecorded,   // the results replace the arguments on the stack
-  kPython,     // genie.recorder must take it; the stack is untouched
+  kPython,     // genie.python_ops must take it; the stack is untouched
   kComposite,  // decompose it (CompositeImplicitAutograd); the stack is untouched
 };
 
@@ -48,7 +48,7 @@ struct CallOptions {
   /// Argument indices where a host tensor is taken by design (a packed sequence's batch_sizes):
   /// it travels inline, and its values are part of the plan's key.
   std::vector<int> host_args;
-  /// Called from genie.recorder, which decided already: record the op as it is (no routing).
+  /// Called from genie.python_ops, which decided already: record the op as it is (no routing).
   bool from_python = false;
 };
 

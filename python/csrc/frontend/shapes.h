@@ -14,7 +14,7 @@
 //    arguments becomes meta), through the dispatcher. A meta kernel may be Python
 //    (torch._meta_registrations): callers run this without the process lock (lock.h).
 // An op that has no meta kernel or whose output shape depends on the data (aten::nonzero)
-// throws NeedsNode: the node runs it and describes its outputs (genie.recorder).
+// throws NeedsNode: the node runs it and describes its outputs (genie.python_ops).
 #pragma once
 
 #include <ATen/core/QuantizerBase.h>

@@ -1,4 +1,4 @@
-"""Recording in Python: the aten calls the C++ recorder hands over.
+"""The ops the PrivateUse1 kernel hands to Python: the aten calls the C++ recorder does not take.
 
 Ops on device tensors are recorded in C++ by the PrivateUse1 kernel (python/csrc/dispatch_kernel.cc,
 python/csrc/frontend/recorder.h): device checks, shape inference with its plan cache, the node,

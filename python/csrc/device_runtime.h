@@ -5,6 +5,8 @@
 //   drain the dead tensors -> the cut (frontend/cut.h: liveness, lowering, scalar lifting, the
 //   request) -> register the graph if its structure is new -> RunGraph, waiting without the
 //   GIL -> commit (kept values resident) -> report failed asynchronous runs.
+// An upload is one call too, the one path from host memory to the node: upload() (the kernel
+// calls it for `.to(device)`) and put() (one PutTensors; tied weights once per host bytes).
 // Python (genie.runtime.Runtime, "the policy") keeps what is decided rather than computed, and
 // is called only off the fast path: connecting (no client attached), a structure's first cut
 // when residency analysis is on (genie.semantics), a cut observer, the lineage of

@@ -120,16 +120,8 @@ int64_t opIndexOf(const Status& status) {
 }
 
 /// A RunGraph's arguments from a prepared cut: the one builder of a recorded run's request.
-struct CutRequest {
-  wire::RunGraphArgs run;
-  std::vector<OutgoingTensor> inline_tensors;
-  std::vector<uint64_t> offsets;
-  wire::PayloadLayout layout;
-  std::vector<std::byte> payload() const { return gatherPayload(inline_tensors, offsets, layout.size()); }
-};
-
-CutRequest requestOf(const Cut& cut) {
-  CutRequest out;
+RunRequest requestOf(const Cut& cut) {
+  RunRequest out;
   wire::RunGraphArgs& run = out.run;
   run.graph_id = *cut.prepared.graph_id;
   for (size_t i = 0; i < cut.lowered.inputs.size(); ++i) {
@@ -140,12 +132,7 @@ CutRequest requestOf(const Cut& cut) {
     if (input.kind == LoweredInput::kHandle) {
       binding.handle = *input.value->handle;
     } else {
-      out.inline_tensors.push_back(outgoingOf(input.tensor, "inline input " + std::to_string(i)));
-      wire::TensorSlotArgs slot;
-      slot.desc = out.inline_tensors.back().desc;
-      slot.payload_offset = out.layout.add(out.inline_tensors.back().nbytes);
-      out.offsets.push_back(slot.payload_offset);
-      binding.inline_tensor = std::move(slot);
+      binding.inline_tensor = out.addInline(outgoingOf(input.tensor, "inline input " + std::to_string(i)));
     }
     run.inputs.push_back(std::move(binding));
   }
@@ -344,7 +331,7 @@ DeviceRuntime::Results DeviceRuntime::materialize(const std::vector<ValuePtr>& r
   Timed timed(g_materialize_ns);
   recording_->drainDead();
   Cut cut = prepare(returned, described);
-  CutRequest request = requestOf(cut);
+  RunRequest request = requestOf(cut);
   Result<client::RunReply> reply = Status(StatusCode::kInternal, "not sent");
   for (int attempt = 0;; ++attempt) {
     {
@@ -429,7 +416,7 @@ void DeviceRuntime::materializeAsync() {
     defer(py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(std::string(e.what_without_backtrace())));
     return;
   }
-  CutRequest request = requestOf(cut);
+  RunRequest request = requestOf(cut);
   for (const auto& spec : request.run.outputs) {
     TORCH_CHECK(spec.action == wire::OutputAction::KeepResident,
                 "an asynchronous run can only keep outputs resident (", spec.value, ")");

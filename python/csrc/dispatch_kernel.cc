@@ -270,18 +270,11 @@ bool uploadWithoutPython(const c10::OperatorHandle& op, torch::jit::Stack* stack
     frontend::LockGuard lock;
     out = runtime->upload(src, residency, src, args[1].toOptional<at::ScalarType>(),
                           args[6].toOptional<at::MemoryFormat>());
+    if (!out) return false;
+    if (recording->wantsRun()) runtime->runPending();  // `out` holds its value: the run keeps it
   }
-  if (!out) return false;
-  const bool wants = [&] {
-    frontend::LockGuard lock;
-    return recording->wantsRun();
-  }();
   torch::jit::drop(*stack, n);
   stack->push_back(std::move(*out));
-  if (wants) {
-    frontend::LockGuard lock;
-    runtime->runPending();
-  }
   return true;
 }
 

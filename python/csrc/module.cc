@@ -188,21 +188,10 @@ class PyClient {
   }
 
   /// A RunGraph's arguments from run_graph's Python arguments (raises TypeError/ValueError).
-  struct ParsedRun {
-    wire::RunGraphArgs run;
-    std::vector<OutgoingTensor> inline_tensors;
-    std::vector<uint64_t> offsets;
-    wire::PayloadLayout layout;
-    /// Inline inputs are small: copied into the message's payload.
-    std::vector<std::byte> payload() const { return gatherPayload(inline_tensors, offsets, layout.size()); }
-  };
-  static ParsedRun parseRun(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
+  static RunRequest parseRun(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
                             const py::list& outputs, const py::list& free) {
-    ParsedRun parsed;
+    RunRequest parsed;
     wire::RunGraphArgs& run = parsed.run;
-    std::vector<OutgoingTensor>& inline_tensors = parsed.inline_tensors;
-    std::vector<uint64_t>& offsets = parsed.offsets;
-    wire::PayloadLayout& layout = parsed.layout;
     run.graph_id = idOf<wire::GraphId>(graph_id, "run_graph: graph_id");
     for (size_t i = 0; i < inputs.size(); ++i) {
       const std::string what = at("run_graph: inputs", i);
@@ -212,12 +201,7 @@ class PyClient {
       if (PyBytes_Check(item[1].ptr())) {
         binding.handle = idOf<wire::Handle>(item[1], what);
       } else if (THPVariable_Check(item[1].ptr())) {
-        inline_tensors.push_back(outgoingOf(item[1], what));
-        wire::TensorSlotArgs slot;
-        slot.desc = inline_tensors.back().desc;
-        slot.payload_offset = layout.add(inline_tensors.back().nbytes);
-        offsets.push_back(slot.payload_offset);
-        binding.inline_tensor = std::move(slot);
+        binding.inline_tensor = parsed.addInline(outgoingOf(item[1], what));
       } else {
         throw py::type_error(what + ": expected a 16-byte handle or a torch.Tensor, got " + typeName(item[1]));
       }
@@ -271,7 +255,7 @@ class PyClient {
 
   /// Sends a parsed RunGraph and waits: per output spec, the host tensor (Return,
   /// ReturnAndKeep), the descriptor (KeepAndDescribe) or None.
-  py::list runParsed(const ParsedRun& parsed) {
+  py::list runParsed(const RunRequest& parsed) {
     const wire::RunGraphArgs& run = parsed.run;
     auto reply = withoutGil([&] { return live().runGraphReply(run, parsed.payload()); });
     check(reply);
@@ -297,7 +281,7 @@ class PyClient {
 
   uint64_t runGraphAsync(const py::bytes& graph_id, const py::list& inputs, const py::list& scalars,
                          const py::list& outputs, const py::list& free) {
-    ParsedRun parsed = parseRun(graph_id, inputs, scalars, outputs, free);
+    RunRequest parsed = parseRun(graph_id, inputs, scalars, outputs, free);
     for (size_t i = 0; i < parsed.run.outputs.size(); ++i) {
       if (parsed.run.outputs[i].action != wire::OutputAction::KeepResident) {
         throw py::value_error(at("run_graph_async: outputs", i) + ": an asynchronous run can only keep outputs resident");

@@ -116,6 +116,15 @@ std::vector<std::byte> gatherPayload(std::span<const OutgoingTensor> tensors, st
   return payload;
 }
 
+wire::TensorSlotArgs RunRequest::addInline(OutgoingTensor tensor) {
+  wire::TensorSlotArgs slot;
+  slot.desc = tensor.desc;
+  slot.payload_offset = layout.add(tensor.nbytes);
+  offsets.push_back(slot.payload_offset);
+  inline_tensors.push_back(std::move(tensor));
+  return slot;
+}
+
 std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(shape[i], 1);

@@ -59,6 +59,18 @@ std::vector<transport::ConstBuffer> payloadParts(std::span<const OutgoingTensor>
 /// it (small inline inputs of a RunGraph). Call without the GIL.
 std::vector<std::byte> gatherPayload(std::span<const OutgoingTensor> tensors, std::span<const uint64_t> offsets,
                                      uint64_t size);
+/// A RunGraph's arguments with its inline tensors (small inputs: copied into the message's
+/// payload at their PayloadLayout offsets).
+struct RunRequest {
+  wire::RunGraphArgs run;
+  std::vector<OutgoingTensor> inline_tensors;
+  std::vector<uint64_t> offsets;
+  wire::PayloadLayout layout;
+  /// Adds `tensor` as an inline input; returns its slot in the payload.
+  wire::TensorSlotArgs addInline(OutgoingTensor tensor);
+  std::vector<std::byte> payload() const { return gatherPayload(inline_tensors, offsets, layout.size()); }
+};
+
 /// Row-major strides of `shape` (elements).
 std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape);
 /// The torch dtype of a wire dtype; py::value_error for one torch lacks.

@@ -57,7 +57,6 @@ from .uploads import Uploads
 class Runtime(Connection, Uploads, RngOps):
     """One remote device. Call its methods holding `lock`."""
 
-    max_in_flight = 32  # asynchronous runs outstanding before the program waits for them
 
     def __init__(self, index: int, connect, keep_host_copy: bool = False, auth_token: str = "") -> None:
         self.index = index
@@ -69,7 +68,6 @@ class Runtime(Connection, Uploads, RngOps):
         # The runtime in C++ (python/csrc/device_runtime.h): reads, runs, the runs in flight.
         # This object is its policy, called only off the fast path (see the hooks below).
         self.native = _C.DeviceRuntime(self.recording)
-        self.native.max_in_flight = self.max_in_flight
         self.native.analyse_residency = _residency_analysis is not None
         self.native.observe = _cut_observer is not None
         self.native.transfers_in_python = progress.enabled()  # module moves and large reads, with bars
@@ -83,6 +81,15 @@ class Runtime(Connection, Uploads, RngOps):
     @staticmethod
     def _async_chunk_for(client) -> int:
         return async_chunk_for(client.device, client.address)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Asynchronous runs outstanding before the program waits for them (default 32)."""
+        return self.native.max_in_flight
+
+    @max_in_flight.setter
+    def max_in_flight(self, n: int) -> None:
+        self.native.max_in_flight = n
 
     @property
     def in_flight(self) -> list[int]:
